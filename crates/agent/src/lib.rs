@@ -1,0 +1,1 @@
+//! The in-sandbox agent.

@@ -1,0 +1,1 @@
+//! The process tier jail.

@@ -1,0 +1,409 @@
+//! [`SandboxSpec`] and its parts.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+/// Default memory limit: 512 MiB.
+pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
+/// Default CPU quota: one CPU.
+pub const DEFAULT_CPU_MILLIS: u32 = 1000;
+/// Default cap on processes and threads.
+pub const DEFAULT_PIDS: u32 = 256;
+/// Default size of the private writable layer (root upper, /tmp, /home/user).
+pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
+/// Default open-file limit of every process in the sandbox.
+pub const DEFAULT_NOFILE: u64 = 1024;
+/// Default cap on what one exec may print, per stream.
+pub const DEFAULT_OUTPUT_BYTES: u64 = 16 << 20;
+/// Default wall-clock lifetime of a sandbox.
+pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+
+/// Paths a user mount may not cover: the kernel interfaces and the generated
+/// system directories the jail relies on.
+const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/sys", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64"];
+
+/// Everything a sandbox is and may do. Missing fields take the safe default
+/// (no network, the limits above); unknown fields are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSpec {
+    /// The root filesystem.
+    pub template: Template,
+    /// Which isolation tier runs the sandbox.
+    pub tier: Tier,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Host directories or files made visible inside.
+    pub mounts: Vec<BindMount>,
+    /// What the sandbox may reach on the network.
+    pub network: NetworkPolicy,
+    /// The environment of every process; nothing is inherited from the host.
+    pub env: BTreeMap<String, String>,
+    /// The identity processes run as unless a call says otherwise.
+    pub user: RunAs,
+    /// Working directory inside the sandbox; `/home/user` when absent.
+    pub cwd: Option<String>,
+    /// Wall-clock lifetime in milliseconds.
+    pub timeout_ms: u64,
+    /// Switches for the enforcement layers.
+    pub security: Security,
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        SandboxSpec {
+            template: Template::Host,
+            tier: Tier::Process,
+            limits: Limits::default(),
+            mounts: Vec::new(),
+            network: NetworkPolicy::None,
+            env: BTreeMap::new(),
+            user: RunAs::User,
+            cwd: None,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            security: Security::default(),
+        }
+    }
+}
+
+/// Where the sandbox's root filesystem comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Template {
+    /// Read-only binds of the host's /usr, /bin, /lib*, and a generated /etc
+    /// that holds no secrets.
+    Host,
+    /// A directory holding a root filesystem, used as the read-only lower
+    /// layer under a private writable upper.
+    Dir { path: PathBuf },
+}
+
+/// Isolation tiers, weakest boundary first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Namespaces, seccomp, landlock, cgroups and rlimits around a process tree.
+    Process,
+}
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Memory cgroup limit, bytes. The writable layer is memory-backed and
+    /// counts against it.
+    pub memory_bytes: u64,
+    /// CPU quota in thousandths of a CPU.
+    pub cpu_millis: u32,
+    /// Maximum number of tasks (processes and threads).
+    pub pids: u32,
+    /// Size of the private writable layer, bytes.
+    pub disk_bytes: u64,
+    /// RLIMIT_NOFILE of every process.
+    pub nofile: u64,
+    /// Per-exec output cap per stream, bytes.
+    pub output_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: DEFAULT_MEMORY_BYTES,
+            cpu_millis: DEFAULT_CPU_MILLIS,
+            pids: DEFAULT_PIDS,
+            disk_bytes: DEFAULT_DISK_BYTES,
+            nofile: DEFAULT_NOFILE,
+            output_bytes: DEFAULT_OUTPUT_BYTES,
+        }
+    }
+}
+
+/// A host path bound into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BindMount {
+    /// Absolute host path; must exist when the sandbox starts.
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: String,
+    /// Mounted read-only. The CLI default is read-write, as `docker -v` is.
+    pub read_only: bool,
+}
+
+impl BindMount {
+    /// Parses the CLI form `HOST:SANDBOX[:ro|:rw]`.
+    pub fn parse(text: &str) -> Result<BindMount, SpecError> {
+        let bad = || SpecError::MountSyntax(text.to_owned());
+        let mut parts = text.split(':');
+        let source = parts.next().filter(|s| !s.is_empty()).ok_or_else(bad)?;
+        let target = parts.next().filter(|s| !s.is_empty()).ok_or_else(bad)?;
+        let read_only = match parts.next() {
+            None | Some("rw") => false,
+            Some("ro") => true,
+            Some(_) => return Err(bad()),
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(BindMount {
+            source: PathBuf::from(source),
+            target: target.to_owned(),
+            read_only,
+        })
+    }
+}
+
+/// Network reach of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+pub enum NetworkPolicy {
+    /// Loopback only.
+    None,
+}
+
+/// The identity a process runs as inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunAs {
+    /// uid/gid 1000, home /home/user, no capabilities.
+    User,
+    /// uid 0 inside the sandbox's user namespace only; on the host it is an
+    /// unprivileged uid. Keeps a small set of capabilities valid only there.
+    Root,
+}
+
+/// Switches for enforcement layers. Turning one off is named as the danger it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Security {
+    /// Run without Landlock when the kernel lacks it, instead of refusing to start.
+    pub unsafe_allow_no_landlock: bool,
+}
+
+/// A spec that cannot be run as written.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("memory limit must be at least 8M, got {0} bytes")]
+    MemoryTooSmall(u64),
+    #[error("cpu limit must be between 0.01 and 1024 CPUs")]
+    CpusOutOfRange,
+    #[error("pids limit must be between 2 and 4194304, got {0}")]
+    PidsOutOfRange(u32),
+    #[error("disk limit must be at least 1M, got {0} bytes")]
+    DiskTooSmall(u64),
+    #[error("nofile limit must be between 16 and 1048576, got {0}")]
+    NofileOutOfRange(u64),
+    #[error("output limit must be at least 1K, got {0} bytes")]
+    OutputTooSmall(u64),
+    #[error("timeout must be between 1ms and 24h")]
+    TimeoutOutOfRange,
+    #[error("template directory `{0}` must be an absolute path")]
+    TemplateNotAbsolute(PathBuf),
+    #[error("mount `{0}` is not HOST:SANDBOX[:ro|:rw]")]
+    MountSyntax(String),
+    #[error("mount source `{0}` must be an absolute host path")]
+    MountSourceNotAbsolute(PathBuf),
+    #[error("mount target `{0}` must be an absolute, normalized path without `.` or `..`")]
+    MountTargetInvalid(String),
+    #[error("mount target `{0}` covers a path the sandbox needs ({1})")]
+    MountTargetReserved(String, &'static str),
+    #[error("mount target `{0}` is given twice")]
+    MountTargetDuplicate(String),
+    #[error("environment variable name `{0}` is empty or contains `=` or NUL")]
+    EnvName(String),
+    #[error("environment variable `{0}` has a NUL byte in its value")]
+    EnvValue(String),
+    #[error("working directory `{0}` must be an absolute path without NUL")]
+    Cwd(String),
+}
+
+impl SandboxSpec {
+    /// Checks every field; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.limits.validate()?;
+        if self.timeout_ms == 0 || self.timeout_ms > 24 * 3_600_000 {
+            return Err(SpecError::TimeoutOutOfRange);
+        }
+        if let Template::Dir { path } = &self.template {
+            if !path.is_absolute() {
+                return Err(SpecError::TemplateNotAbsolute(path.clone()));
+            }
+        }
+        let mut seen = Vec::new();
+        for mount in &self.mounts {
+            mount.validate()?;
+            if seen.contains(&mount.target.as_str()) {
+                return Err(SpecError::MountTargetDuplicate(mount.target.clone()));
+            }
+            seen.push(mount.target.as_str());
+        }
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains('=') || name.contains('\0') {
+                return Err(SpecError::EnvName(name.clone()));
+            }
+            if value.contains('\0') {
+                return Err(SpecError::EnvValue(name.clone()));
+            }
+        }
+        if let Some(cwd) = &self.cwd {
+            if !cwd.starts_with('/') || cwd.contains('\0') {
+                return Err(SpecError::Cwd(cwd.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Limits {
+    /// Checks each limit against its sane range.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.memory_bytes < 8 << 20 {
+            return Err(SpecError::MemoryTooSmall(self.memory_bytes));
+        }
+        if !(10..=1_024_000).contains(&self.cpu_millis) {
+            return Err(SpecError::CpusOutOfRange);
+        }
+        if !(2..=4_194_304).contains(&self.pids) {
+            return Err(SpecError::PidsOutOfRange(self.pids));
+        }
+        if self.disk_bytes < 1 << 20 {
+            return Err(SpecError::DiskTooSmall(self.disk_bytes));
+        }
+        if !(16..=1_048_576).contains(&self.nofile) {
+            return Err(SpecError::NofileOutOfRange(self.nofile));
+        }
+        if self.output_bytes < 1024 {
+            return Err(SpecError::OutputTooSmall(self.output_bytes));
+        }
+        Ok(())
+    }
+}
+
+impl BindMount {
+    fn validate(&self) -> Result<(), SpecError> {
+        if !self.source.is_absolute() {
+            return Err(SpecError::MountSourceNotAbsolute(self.source.clone()));
+        }
+        let target = &self.target;
+        let invalid = || SpecError::MountTargetInvalid(target.clone());
+        if !is_normalized_absolute(target) || target == "/" {
+            return Err(invalid());
+        }
+        for reserved in RESERVED_TARGETS {
+            let under = target
+                .strip_prefix(reserved)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+            if under || reserved.starts_with(&format!("{target}/")) {
+                return Err(SpecError::MountTargetReserved(target.clone(), reserved));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// True for `/a/b` forms: absolute, no `.`/`..`, no empty components, no NUL.
+pub fn is_normalized_absolute(path: &str) -> bool {
+    if !path.starts_with('/') || path.contains('\0') || path.contains("//") {
+        return false;
+    }
+    if path.len() > 1 && path.ends_with('/') {
+        return false;
+    }
+    Path::new(path)
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && !path.split('/').any(|part| part == "." || part == "..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_closed() {
+        let spec = SandboxSpec::default();
+        assert_eq!(spec.validate(), Ok(()));
+        assert_eq!(spec.network, NetworkPolicy::None);
+        assert_eq!(spec.user, RunAs::User);
+        assert!(!spec.security.unsafe_allow_no_landlock);
+    }
+
+    #[test]
+    fn missing_fields_take_safe_defaults_and_unknown_fields_fail() {
+        let spec: SandboxSpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(spec, SandboxSpec::default());
+        assert!(serde_json::from_str::<SandboxSpec>(r#"{"netwrok": {"mode": "open"}}"#).is_err());
+        assert!(serde_json::from_str::<SandboxSpec>(r#"{"network": {"mode": "open"}}"#).is_err());
+        assert!(serde_json::from_str::<SandboxSpec>(r#"{"limits": {"memory": 1}}"#).is_err());
+    }
+
+    #[test]
+    fn limit_ranges() {
+        let with = |f: &dyn Fn(&mut Limits)| {
+            let mut spec = SandboxSpec::default();
+            f(&mut spec.limits);
+            spec.validate()
+        };
+        assert_eq!(with(&|l| l.memory_bytes = 0), Err(SpecError::MemoryTooSmall(0)));
+        assert_eq!(with(&|l| l.cpu_millis = 0), Err(SpecError::CpusOutOfRange));
+        assert_eq!(with(&|l| l.pids = 1), Err(SpecError::PidsOutOfRange(1)));
+        assert_eq!(with(&|l| l.disk_bytes = 10), Err(SpecError::DiskTooSmall(10)));
+        assert_eq!(with(&|l| l.nofile = 3), Err(SpecError::NofileOutOfRange(3)));
+        assert_eq!(with(&|l| l.output_bytes = 3), Err(SpecError::OutputTooSmall(3)));
+    }
+
+    #[test]
+    fn mount_parsing() {
+        let m = BindMount::parse("/data:/mnt/data:ro").unwrap();
+        assert_eq!(m.source, PathBuf::from("/data"));
+        assert_eq!(m.target, "/mnt/data");
+        assert!(m.read_only);
+        assert!(!BindMount::parse("/a:/b").unwrap().read_only);
+        assert!(!BindMount::parse("/a:/b:rw").unwrap().read_only);
+        for bad in ["", "/a", ":/b", "/a:", "/a:/b:rx", "/a:/b:ro:x"] {
+            assert!(BindMount::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn mount_targets() {
+        let check = |target: &str| {
+            let mut spec = SandboxSpec::default();
+            spec.mounts.push(BindMount {
+                source: "/srv".into(),
+                target: target.into(),
+                read_only: true,
+            });
+            spec.validate()
+        };
+        assert_eq!(check("/mnt/data"), Ok(()));
+        assert_eq!(check("/home/user/data"), Ok(()));
+        assert_eq!(check("/usrdata"), Ok(()));
+        for bad in ["relative", "/", "/a/../etc", "/a/./b", "/a//b", "/a/", "/a\0b"] {
+            assert!(matches!(check(bad), Err(SpecError::MountTargetInvalid(_))), "{bad:?}");
+        }
+        for reserved in ["/proc", "/proc/sys", "/dev/shm", "/etc", "/usr/lib"] {
+            assert!(matches!(check(reserved), Err(SpecError::MountTargetReserved(..))), "{reserved}");
+        }
+        let mut spec = SandboxSpec::default();
+        let m = BindMount::parse("/srv:/mnt/x").unwrap();
+        spec.mounts = vec![m.clone(), m];
+        assert!(matches!(spec.validate(), Err(SpecError::MountTargetDuplicate(_))));
+        spec.mounts = vec![BindMount::parse("srv:/mnt/x").unwrap()];
+        assert!(matches!(spec.validate(), Err(SpecError::MountSourceNotAbsolute(_))));
+    }
+
+    #[test]
+    fn env_and_cwd() {
+        let mut spec = SandboxSpec::default();
+        spec.env.insert("A=B".into(), "x".into());
+        assert!(matches!(spec.validate(), Err(SpecError::EnvName(_))));
+        spec.env.clear();
+        spec.env.insert("A".into(), "x\0".into());
+        assert!(matches!(spec.validate(), Err(SpecError::EnvValue(_))));
+        spec.env.clear();
+        spec.cwd = Some("tmp".into());
+        assert!(matches!(spec.validate(), Err(SpecError::Cwd(_))));
+    }
+}

@@ -1,0 +1,260 @@
+//! The messages of protocol version 1.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Who a process runs as, or who owns a file the agent creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Identity {
+    /// uid/gid 1000 (`user`), no capabilities.
+    #[default]
+    User,
+    /// uid 0 of the sandbox's user namespace, with a reduced capability set.
+    Root,
+}
+
+/// Resource limits the agent applies to every process it spawns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessLimits {
+    /// RLIMIT_NOFILE, soft and hard.
+    pub nofile: u64,
+    /// RLIMIT_FSIZE in bytes, soft and hard.
+    pub fsize_bytes: u64,
+}
+
+/// Host → agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// First request on a stream. Answered by [`Event::Hello`] or an error.
+    Hello { version: u32 },
+    /// Starts a process. Answered by `started`, then `stdout`/`stderr`
+    /// chunks, then a final `exited` (or a final `error` if it could not start).
+    Spawn(SpawnRequest),
+    /// Appends the payload to the stdin of `pid`. Answered by `done`.
+    WriteStdin { pid: u32 },
+    /// Closes the stdin of `pid`. Answered by `done`.
+    CloseStdin { pid: u32 },
+    /// Sends `signal` to the process group of `pid`. Answered by `done`.
+    Signal { pid: u32, signal: i32 },
+    /// Lists the processes the agent started that are still running.
+    ListProcesses,
+    /// Waits for `pid` to exit. Answered by a final `exited`.
+    Wait { pid: u32 },
+    /// Streams a file: `file_data` chunks, then a final `file_end`.
+    ReadFile {
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        length: Option<u64>,
+    },
+    /// Opens a file for writing. The content follows in `write_data` frames
+    /// with the same id, then `write_end`; the final answer is `written`.
+    WriteFile {
+        path: String,
+        #[serde(default)]
+        mode: Option<u32>,
+        #[serde(default)]
+        create_parents: bool,
+        #[serde(default)]
+        append: bool,
+        #[serde(default)]
+        owner: Identity,
+    },
+    /// A chunk of the file opened by the `write_file` with this id (payload).
+    WriteData,
+    /// The end of the file opened by the `write_file` with this id.
+    WriteEnd,
+    /// Answered by a final `stat`.
+    Stat { path: String },
+    /// Lists a directory to `depth` levels (1 = direct children). Answered by `entries`.
+    ListDir { path: String, depth: u32 },
+    /// Creates a directory. Answered by `done`; `already_exists` error when it does.
+    MakeDir {
+        path: String,
+        #[serde(default)]
+        parents: bool,
+        #[serde(default)]
+        mode: Option<u32>,
+        #[serde(default)]
+        owner: Identity,
+    },
+    /// Removes a file, or a directory with everything in it when `recursive`.
+    Remove {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Renames `from` to `to`, replacing `to` if it is a file.
+    Rename { from: String, to: String },
+    /// Liveness check, answered by `pong`.
+    Ping,
+}
+
+/// What to run and how.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnRequest {
+    /// Program to run; looked up in the `PATH` of `env` when it has no `/`.
+    pub cmd: String,
+    /// Arguments after the program name.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The whole environment of the process.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the identity's home when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Identity of the process.
+    #[serde(default)]
+    pub user: Identity,
+    /// Whether stdin is a pipe fed by `write_stdin` (otherwise /dev/null).
+    #[serde(default)]
+    pub stdin: bool,
+    /// Kill the process group after this many milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Cap on bytes forwarded per stream; past it the stream is cut and the
+    /// `exited` event says so.
+    pub output_limit: u64,
+    /// Resource limits of the process.
+    pub limits: ProcessLimits,
+}
+
+/// Agent → host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Event {
+    /// Answer to `hello` (final).
+    Hello { version: u32, agent_version: String },
+    /// A spawned process is running.
+    Started { pid: u32 },
+    /// Output chunk (payload).
+    Stdout,
+    /// Output chunk (payload).
+    Stderr,
+    /// A process ended (final for `spawn` and `wait`).
+    Exited(ExitStatus),
+    /// Answer to `list_processes` (final).
+    Processes { processes: Vec<ProcessInfo> },
+    /// A chunk of a file being read (payload).
+    FileData,
+    /// End of a file read (final).
+    FileEnd { bytes: u64 },
+    /// A write finished (final).
+    Written { bytes: u64 },
+    /// Answer to `stat` (final).
+    Stat(FileInfo),
+    /// Answer to `list_dir` (final).
+    Entries { entries: Vec<FileInfo> },
+    /// A request without a result succeeded (final).
+    Done,
+    /// A request failed (final).
+    Error { kind: ErrorKind, message: String },
+    /// Sent by the agent on id 0 at a fixed interval while the stream is idle.
+    Keepalive,
+    /// Answer to `ping` (final).
+    Pong,
+}
+
+impl Event {
+    /// True for the event that ends a request; no other event with its id follows.
+    pub fn is_final(&self) -> bool {
+        !matches!(
+            self,
+            Event::Started { .. } | Event::Stdout | Event::Stderr | Event::FileData | Event::Keepalive
+        )
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExitStatus {
+    pub pid: u32,
+    /// Exit code when the process exited by itself.
+    pub code: Option<i32>,
+    /// Signal number when a signal ended it.
+    pub signal: Option<i32>,
+    /// The sandbox's memory limit killed it. The agent cannot always know;
+    /// the host corrects this from the cgroup.
+    pub oom: bool,
+    /// The per-exec timeout killed it.
+    pub timed_out: bool,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+impl ExitStatus {
+    /// The shell convention: the exit code, or 128 + the signal number.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => 255,
+        }
+    }
+}
+
+/// A process the agent started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub cmd: String,
+    pub args: Vec<String>,
+    pub user: Identity,
+}
+
+/// What a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// Metadata of one path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileInfo {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Last path component.
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (e.g. 0o644).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    /// Target of a symlink, as stored.
+    pub symlink_target: Option<String>,
+}
+
+/// Stable error kinds the host maps onto API errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    InvalidArgument,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    NoSpace,
+    UnsupportedVersion,
+    /// The program could not be executed (not executable, bad format).
+    NotExecutable,
+    Io,
+}

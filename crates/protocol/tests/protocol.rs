@@ -1,0 +1,113 @@
+//! Framing round trips and the schema snapshot.
+
+use airlock_protocol::*;
+use std::collections::BTreeMap;
+
+#[tokio::test]
+async fn frames_round_trip_with_payload() {
+    let spawn = Request::Spawn(SpawnRequest {
+        cmd: "echo".into(),
+        args: vec!["hi".into()],
+        env: BTreeMap::from([("PATH".into(), "/usr/bin".into())]),
+        cwd: None,
+        user: Identity::User,
+        stdin: true,
+        timeout_ms: Some(10),
+        output_limit: 1024,
+        limits: ProcessLimits { nofile: 64, fsize_bytes: 1 << 20 },
+    });
+    let frames = vec![
+        Frame::new(1, spawn),
+        Frame::with_payload(2, Request::WriteStdin { pid: 7 }, b"data\0\xff".to_vec()),
+        Frame::new(3, Request::Ping),
+    ];
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    for frame in &frames {
+        write_frame(&mut a, frame).await.unwrap();
+    }
+    drop(a);
+    for expected in &frames {
+        let got: Frame<Request> = read_frame(&mut b).await.unwrap();
+        assert_eq!(&got, expected);
+    }
+    assert!(matches!(read_frame::<_, Request>(&mut b).await, Err(FrameError::Closed)));
+}
+
+#[tokio::test]
+async fn oversized_lengths_are_refused_before_allocating() {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    bytes.extend_from_slice(&0u32.to_be_bytes());
+    let mut reader = &bytes[..];
+    assert!(matches!(
+        read_frame::<_, Request>(&mut reader).await,
+        Err(FrameError::HeaderTooLarge(_))
+    ));
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&2u32.to_be_bytes());
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    let mut reader = &bytes[..];
+    assert!(matches!(
+        read_frame::<_, Request>(&mut reader).await,
+        Err(FrameError::PayloadTooLarge(_))
+    ));
+}
+
+#[tokio::test]
+async fn garbage_headers_are_decode_errors() {
+    let header = br#"{"id":1,"msg":{"op":"format_disk"}}"#;
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&(header.len() as u32).to_be_bytes());
+    bytes.extend_from_slice(&0u32.to_be_bytes());
+    bytes.extend_from_slice(header);
+    let mut reader = &bytes[..];
+    assert!(matches!(
+        read_frame::<_, Request>(&mut reader).await,
+        Err(FrameError::Decode(_))
+    ));
+}
+
+#[test]
+fn final_events() {
+    assert!(!Event::Stdout.is_final());
+    assert!(!Event::Started { pid: 1 }.is_final());
+    assert!(Event::Done.is_final());
+    assert!(Event::Pong.is_final());
+}
+
+#[test]
+fn shell_exit_codes() {
+    let mut status = ExitStatus {
+        pid: 1,
+        code: Some(3),
+        signal: None,
+        oom: false,
+        timed_out: false,
+        stdout_truncated: false,
+        stderr_truncated: false,
+    };
+    assert_eq!(status.shell_code(), 3);
+    status.code = None;
+    status.signal = Some(9);
+    assert_eq!(status.shell_code(), 137);
+}
+
+/// The checked-in schema is the contract with agents already deployed in
+/// templates and guests. Changing the types must change this file in the same
+/// commit (regenerate with `AIRLOCK_UPDATE_SCHEMA=1 cargo test -p airlock-protocol`),
+/// and an incompatible change must bump `PROTOCOL_VERSION`.
+#[test]
+fn schema_snapshot_matches() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/v1.json");
+    let current = serde_json::to_string_pretty(&schema()).unwrap() + "\n";
+    if std::env::var_os("AIRLOCK_UPDATE_SCHEMA").is_some() {
+        std::fs::write(&path, &current).unwrap();
+    }
+    let stored = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        stored == current,
+        "the agent protocol schema changed; review the change, bump PROTOCOL_VERSION if it is \
+         incompatible, and regenerate {} with AIRLOCK_UPDATE_SCHEMA=1",
+        path.display()
+    );
+}
