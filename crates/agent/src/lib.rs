@@ -1,1 +1,98 @@
-//! The in-sandbox agent.
+//! The in-sandbox agent: PID 1 of every sandbox.
+//!
+//! The agent serves the host over one byte stream using the framed protocol
+//! of `airlock-protocol`: it starts processes and streams their output, feeds
+//! their stdin, signals and reaps them, and reads, writes and lists files.
+//! It knows nothing of the host: every path it touches is a path inside the
+//! sandbox, because the agent itself lives in the sandbox root.
+//!
+//! The one entry point is [`serve`]. It runs a single-threaded tokio runtime
+//! (plus at most four blocking threads for file work and process creation,
+//! since the sandbox has a pids limit) and returns when the host closes the
+//! stream, after killing every process it started.
+//!
+//! # Module map
+//!
+//! - `session`: the read loop, request dispatch and shutdown.
+//! - `outbox`: the single writer task and its bounded queue (backpressure).
+//! - `process`: spawning, output pumps, stdin queues, signals, waits.
+//! - `reaper`: `SIGCHLD` handling and `waitpid`.
+//! - `privileges`: what a child does between `fork` and `exec`.
+//! - `files`: file operations.
+//! - `failure`: mapping of OS errors onto protocol error kinds.
+
+mod failure;
+mod files;
+mod outbox;
+mod privileges;
+mod process;
+mod reaper;
+mod session;
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How the agent behaves; filled by the CLI.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Interval of `Event::Keepalive` frames on id 0. Zero disables them.
+    pub keepalive: Duration,
+    /// True inside a sandbox, where the agent is root of a user namespace:
+    /// children switch uid/gid and capabilities per `Identity`, and files
+    /// created for `Identity::User` are chowned to 1000:1000. False in tests:
+    /// children run as the current user and `Identity` only picks the home.
+    pub drop_privileges: bool,
+    /// Home and default working directory of `Identity::User`
+    /// (`/home/user` in a sandbox); relative file paths are joined to it.
+    pub user_home: PathBuf,
+    /// Home and default working directory of `Identity::Root` (`/root`).
+    pub root_home: PathBuf,
+}
+
+/// Why [`serve`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The tokio runtime could not be built.
+    #[error("the agent could not start its async runtime")]
+    Runtime(#[source] std::io::Error),
+    /// The host stream could not be registered with the runtime.
+    #[error("the agent could not set up the host channel")]
+    Channel(#[source] std::io::Error),
+    /// A signal listener (`SIGCHLD`, `SIGTERM`, `SIGINT`) could not be installed.
+    #[error("the agent could not listen for signals")]
+    Signals(#[source] std::io::Error),
+    /// The host sent a frame over the size limits, so the stream is out of
+    /// step and cannot be read further. The agent still killed its processes.
+    #[error("the host sent a frame the agent cannot read, so the stream was dropped")]
+    Protocol(#[source] airlock_protocol::FrameError),
+}
+
+/// Serves requests on `channel` until the host closes it; then kills every
+/// process it started and returns.
+///
+/// Returns `Ok` when the host closed the stream (or it failed with an I/O
+/// error), or, when the agent is PID 1, after `SIGTERM`/`SIGINT` and a
+/// graceful stop of all processes. Returns [`AgentError::Protocol`] when the
+/// host sent an oversized frame (after the same cleanup).
+pub fn serve(config: AgentConfig, channel: UnixStream) -> Result<(), AgentError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(4)
+        .build()
+        .map_err(AgentError::Runtime)?;
+    let result = runtime.block_on(session::run(config, channel));
+    // Blocking file work that is still running (the host left mid-request)
+    // is not waited for past this.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section in the agent is
+/// a few map operations that leave the data consistent even if a holder
+/// panicked.
+fn locked<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}

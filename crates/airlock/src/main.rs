@@ -1,1 +1,88 @@
-fn main() {}
+//! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
+
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Exit code for bad input (flags, limits, paths), as clap uses for usage errors.
+pub const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code when airlock itself failed (as `docker run` uses 125).
+pub const EXIT_INTERNAL: u8 = 125;
+
+#[derive(Parser)]
+#[command(name = "airlock", version, about = "Sandboxes for untrusted, model-generated code")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one command in a fresh, ephemeral sandbox and tear it down.
+    Run(run::RunArgs),
+    /// The in-sandbox agent (PID 1 of every sandbox). Not for direct use.
+    #[command(hide = true)]
+    Agent {
+        /// Descriptor of the channel to the host.
+        #[arg(long)]
+        fd: i32,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("airlock: error: {}", one_line(&e.render().to_string()));
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+        Err(e) => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    match cli.command {
+        Command::Run(args) => run::main(args),
+        Command::Agent { fd } => agent(fd),
+    }
+}
+
+/// clap's multi-line usage error as one line: the message without the tips
+/// and the usage block.
+fn one_line(rendered: &str) -> String {
+    let mut parts = Vec::new();
+    for line in rendered.lines() {
+        let line = line.trim();
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line));
+    }
+    parts.join(" ") + " (see --help)"
+}
+
+fn agent(fd: i32) -> ExitCode {
+    use std::os::fd::FromRawFd;
+    if fd < 3 {
+        eprintln!("airlock: error: the agent channel must be a descriptor above stdio");
+        return ExitCode::from(EXIT_BAD_INPUT);
+    }
+    // SAFETY: the sandbox init placed the host channel on `fd` and exec'd us;
+    // nothing else in this process owns it.
+    let channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let config = airlock_agent::AgentConfig {
+        keepalive: std::time::Duration::from_secs(10),
+        drop_privileges: true,
+        user_home: "/home/user".into(),
+        root_home: "/root".into(),
+    };
+    match airlock_agent::serve(config, channel) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(EXIT_INTERNAL),
+    }
+}

@@ -1,0 +1,258 @@
+//! What a child does between `fork` and `exec`.
+//!
+//! Everything is computed before the fork into a [`ChildSetup`]; its
+//! [`ChildSetup::apply`] runs in the forked child and only makes raw system
+//! calls on those precomputed values (no allocation, no locks), so it is
+//! async-signal-safe. The order is:
+//!
+//! 1. `setsid()`: the child leads a new session and process group, so the
+//!    agent can signal or kill the whole group as `-pid`.
+//! 2. rlimits: `NOFILE` and `FSIZE` (soft = hard), `CORE` = 0.
+//! 3. identity (only when dropping privileges):
+//!    - `User`: drop every capability from the bounding set (this needs
+//!      `CAP_SETPCAP`, so it comes before the uid switch), `setgroups([1000])`,
+//!      `setresgid(1000 x3)`, `setresuid(1000 x3)`, clear the ambient set,
+//!      `capset` all zero.
+//!    - `Root`: drop from the bounding set everything but [`ROOT_KEEP`],
+//!      `setgroups([0])`, `setresgid/setresuid(0 x3)`, `capset` effective =
+//!      permitted = [`ROOT_KEEP`], inheritable = 0, clear the ambient set.
+//! 4. `chdir` to the working directory, as the new identity (so a user cannot
+//!    start inside a directory it could not enter).
+//! 5. `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`: every inherited descriptor
+//!    past stdio closes at exec. Marked close-on-exec rather than closed:
+//!    std's exec-error pipe must survive until the exec.
+//!
+//! `std::process::Command::uid/gid` are not used: std applies them before
+//! `pre_exec`, which would lose `CAP_SETPCAP` before the bounding set is
+//! dropped.
+
+use airlock_protocol::{Identity, ProcessLimits};
+use rustix::io::Errno;
+use rustix::process::{Gid, Resource, Rlimit, Uid};
+use rustix::thread::{CapabilitySet, CapabilitySets};
+use std::ffi::CString;
+use std::io;
+
+/// uid and gid of `Identity::User`.
+pub(crate) const USER_ID: u32 = 1000;
+
+/// Capabilities a process started as `Identity::Root` keeps.
+pub(crate) const ROOT_KEEP: CapabilitySet = CapabilitySet::CHOWN
+    .union(CapabilitySet::DAC_OVERRIDE)
+    .union(CapabilitySet::FOWNER)
+    .union(CapabilitySet::FSETID)
+    .union(CapabilitySet::KILL)
+    .union(CapabilitySet::SETGID)
+    .union(CapabilitySet::SETUID)
+    .union(CapabilitySet::NET_BIND_SERVICE);
+
+/// Which identity switch the child makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Switch {
+    /// Run as the agent's own user (tests).
+    Keep,
+    /// uid/gid 1000, no capabilities.
+    User,
+    /// uid 0 of the namespace with [`ROOT_KEEP`].
+    Root,
+}
+
+/// Everything a child needs between `fork` and `exec`, computed beforehand.
+#[derive(Debug)]
+pub(crate) struct ChildSetup {
+    nofile: Option<u64>,
+    fsize: Option<u64>,
+    switch: Switch,
+    cwd: CString,
+    /// Upper bound of descriptors to mark by hand when `close_range` is
+    /// missing (kernels before 5.11).
+    fd_scan_end: i32,
+}
+
+impl ChildSetup {
+    /// Plans the setup of a child. Limits above the agent's own hard limits
+    /// are lowered to them: raising a hard limit needs `CAP_SYS_RESOURCE` in
+    /// the initial user namespace, which the agent never has in a sandbox, and
+    /// a lower limit is only stricter.
+    pub(crate) fn new(
+        limits: &ProcessLimits,
+        identity: Identity,
+        drop_privileges: bool,
+        cwd: CString,
+    ) -> ChildSetup {
+        let switch = match (drop_privileges, identity) {
+            (false, _) => Switch::Keep,
+            (true, Identity::User) => Switch::User,
+            (true, Identity::Root) => Switch::Root,
+        };
+        let open_limit = rustix::process::getrlimit(Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        ChildSetup {
+            nofile: clamp(Resource::Nofile, limits.nofile),
+            fsize: clamp(Resource::Fsize, limits.fsize_bytes),
+            switch,
+            cwd,
+            fd_scan_end: i32::try_from(open_limit.min(1 << 16)).unwrap_or(1 << 16),
+        }
+    }
+
+    /// Runs in the forked child, before `exec`. Async-signal-safe: only raw
+    /// system calls on values computed before the fork.
+    pub(crate) fn apply(&self) -> io::Result<()> {
+        rustix::process::setsid()?;
+        rustix::process::setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: self.nofile,
+                maximum: self.nofile,
+            },
+        )?;
+        rustix::process::setrlimit(
+            Resource::Fsize,
+            Rlimit {
+                current: self.fsize,
+                maximum: self.fsize,
+            },
+        )?;
+        rustix::process::setrlimit(
+            Resource::Core,
+            Rlimit {
+                current: Some(0),
+                maximum: Some(0),
+            },
+        )?;
+        match self.switch {
+            Switch::Keep => {}
+            Switch::User => become_user()?,
+            Switch::Root => become_root()?,
+        }
+        rustix::process::chdir(self.cwd.as_c_str())?;
+        mark_inherited_cloexec(self.fd_scan_end);
+        Ok(())
+    }
+}
+
+/// `requested`, lowered to the agent's hard limit; `None` means unlimited.
+fn clamp(resource: Resource, requested: u64) -> Option<u64> {
+    let value = match rustix::process::getrlimit(resource).maximum {
+        Some(hard) => requested.min(hard),
+        None => requested,
+    };
+    (value != u64::MAX).then_some(value)
+}
+
+/// Drops every capability but `keep` from the bounding set.
+fn drop_bounding_set(keep: CapabilitySet) -> io::Result<()> {
+    for bit in 0..64u32 {
+        let capability = CapabilitySet::from_bits_retain(1u64 << bit);
+        if keep.contains(capability) {
+            continue;
+        }
+        match rustix::thread::remove_capability_from_bounding_set(capability) {
+            // EINVAL: past the last capability this kernel knows.
+            Ok(()) | Err(Errno::INVAL) => {}
+            Err(errno) => return Err(errno.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Clears the ambient set; kernels without ambient capabilities say EINVAL.
+fn clear_ambient() -> io::Result<()> {
+    match rustix::thread::clear_ambient_capability_set() {
+        Ok(()) | Err(Errno::INVAL) => Ok(()),
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+fn become_user() -> io::Result<()> {
+    drop_bounding_set(CapabilitySet::empty())?;
+    let gid = Gid::from_raw_unchecked(USER_ID);
+    let uid = Uid::from_raw_unchecked(USER_ID);
+    rustix::thread::set_thread_groups(&[gid])?;
+    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+    clear_ambient()?;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    Ok(())
+}
+
+fn become_root() -> io::Result<()> {
+    drop_bounding_set(ROOT_KEEP)?;
+    rustix::thread::set_thread_groups(&[Gid::ROOT])?;
+    rustix::thread::set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT)?;
+    rustix::thread::set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT)?;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: ROOT_KEEP,
+            permitted: ROOT_KEEP,
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    clear_ambient()?;
+    Ok(())
+}
+
+/// Marks every descriptor from 3 up close-on-exec.
+fn mark_inherited_cloexec(fd_scan_end: i32) {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets the close-on-exec
+    // flag on descriptors of this process; it reads and writes no memory of
+    // ours, and a raw system call is async-signal-safe.
+    let marked = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            libc::c_long::from(3u32),
+            libc::c_long::from(u32::MAX),
+            libc::c_long::from(libc::CLOSE_RANGE_CLOEXEC),
+        )
+    } == 0;
+    if marked {
+        return;
+    }
+    for fd in 3..fd_scan_end {
+        // SAFETY: F_SETFD takes an integer argument and touches no memory;
+        // a descriptor number that is not open just gives EBADF.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn root_keeps_exactly_eight_capabilities() {
+        assert_eq!(ROOT_KEEP.bits().count_ones(), 8);
+        assert!(ROOT_KEEP.contains(CapabilitySet::NET_BIND_SERVICE));
+        assert!(!ROOT_KEEP.contains(CapabilitySet::SYS_ADMIN));
+        assert!(!ROOT_KEEP.contains(CapabilitySet::SETPCAP));
+    }
+
+    #[test]
+    fn limits_are_clamped_to_the_hard_limit() {
+        let limits = ProcessLimits {
+            nofile: u64::MAX - 1,
+            fsize_bytes: 4096,
+        };
+        let setup = ChildSetup::new(&limits, Identity::User, false, CString::new("/").unwrap());
+        let hard = rustix::process::getrlimit(Resource::Nofile).maximum;
+        match hard {
+            Some(hard) => assert_eq!(setup.nofile, Some(hard.min(u64::MAX - 1))),
+            None => assert_eq!(setup.nofile, Some(u64::MAX - 1)),
+        }
+        assert_eq!(setup.fsize, Some(4096));
+        assert_eq!(setup.switch, Switch::Keep);
+    }
+}

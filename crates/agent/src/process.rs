@@ -1,0 +1,859 @@
+//! Processes: spawning, output pumps, stdin queues, signals and waits.
+//!
+//! # Lifecycle of a `spawn`
+//!
+//! 1. `std::process::Command` with exactly the requested environment, stdin
+//!    piped or `/dev/null`, stdout/stderr piped, and a `pre_exec` hook
+//!    ([`ChildSetup`]) for session, rlimits, identity, cwd and descriptors.
+//!    The fork/exec runs on a blocking thread so a slow exec never stalls the
+//!    loop. Failure: one final `error`, no `started`.
+//! 2. `started{pid}`, then one pump task per output stream forwards chunks of
+//!    at most 64 KiB. At `output_limit` bytes the pump forwards exactly up to
+//!    the cap, marks the stream truncated and drops its read end, so the
+//!    writer gets `SIGPIPE`/`EPIPE` and a `yes` ends instead of spinning.
+//! 3. The reaper reports the exit; `timeout_ms` SIGKILLs the process group
+//!    first if it expires. After the exit, each pump keeps forwarding while
+//!    data comes and stops once its pipe reaches EOF or stays silent for
+//!    [`DRAIN_GRACE`] (a backgrounded grandchild may hold the pipe forever).
+//! 4. The final `exited` goes out after every output chunk. The status stays
+//!    in a ring of the last [`RECENT`] statuses for `wait`.
+//!
+//! # Stdin
+//!
+//! Each process with a stdin pipe has its own queue and writer task, so a
+//! process that never reads stdin stalls nobody else. `write_stdin` is
+//! answered with `done` only once its bytes are in the pipe: a host that
+//! waits for `done` before sending more gets backpressure on that process
+//! alone. A queue holding more than [`STDIN_QUEUE_BYTES`] refuses further
+//! writes instead of growing.
+
+use crate::failure::Failure;
+use crate::outbox::Outbox;
+use crate::privileges::ChildSetup;
+use crate::reaper::{Ended, Reaper};
+use crate::{locked, AgentConfig};
+use airlock_protocol::{ErrorKind, Event, ExitStatus, Identity, ProcessInfo, SpawnRequest};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Largest output chunk forwarded in one frame.
+pub(crate) const OUTPUT_CHUNK: usize = 64 * 1024;
+/// After the process exits, a pump whose pipe stays silent this long stops.
+pub(crate) const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// Exit statuses kept for `wait` after a process ended.
+pub(crate) const RECENT: usize = 64;
+/// Bytes that may wait in one process's stdin queue.
+pub(crate) const STDIN_QUEUE_BYTES: usize = 16 << 20;
+/// How long shutdown waits for spawns in flight and for reaping.
+const SPAWN_SETTLE: Duration = Duration::from_secs(2);
+const REAP_SETTLE: Duration = Duration::from_secs(5);
+/// Grace between SIGTERM and SIGKILL on a graceful stop.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// The processes the agent started, and how to reach them.
+#[derive(Debug)]
+pub(crate) struct Processes {
+    config: Arc<AgentConfig>,
+    outbox: Outbox,
+    reaper: Arc<Reaper>,
+    table: Mutex<Table>,
+    /// Spawns between the request and the table entry.
+    spawning: AtomicUsize,
+    /// Set once shutdown began: late spawns are killed at once.
+    closing: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    running: HashMap<u32, Entry>,
+    recent: VecDeque<ExitStatus>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    info: ProcessInfo,
+    /// The process was reaped; its pumps may still be draining.
+    reaped: bool,
+    stdin: Stdin,
+    waiters: Vec<oneshot::Sender<ExitStatus>>,
+}
+
+#[derive(Debug)]
+enum Stdin {
+    /// Started with /dev/null.
+    Absent,
+    Open {
+        tx: mpsc::UnboundedSender<StdinOp>,
+        queued: Arc<AtomicUsize>,
+    },
+    Closed,
+}
+
+#[derive(Debug)]
+struct StdinOp {
+    id: u64,
+    /// Bytes to write; `None` closes the pipe.
+    data: Option<Vec<u8>>,
+}
+
+/// What `wait` found.
+pub(crate) enum WaitOutcome {
+    /// The process ended recently.
+    Ended(ExitStatus),
+    /// The process runs; the receiver gets its status.
+    Pending(oneshot::Receiver<ExitStatus>),
+}
+
+/// Everything the blocking thread needs to start a process.
+struct Launch {
+    cmd: String,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: PathBuf,
+    stdin: bool,
+    setup: ChildSetup,
+}
+
+/// A started process and our ends of its pipes.
+struct Launched {
+    pid: u32,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
+/// Which output stream a pump forwards.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn event(self) -> Event {
+        match self {
+            Stream::Stdout => Event::Stdout,
+            Stream::Stderr => Event::Stderr,
+        }
+    }
+}
+
+/// Sends `signal` to the process group `pgid`.
+fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
+    let pgid = i32::try_from(pgid)
+        .ok()
+        .filter(|p| *p > 1)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: kill takes two integers and touches no memory. pgid > 1, so
+    // -pgid names exactly one process group (never 0 = our own group or -1
+    // = every process).
+    let rc = unsafe { libc::kill(-pgid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sends `signal` to every process the agent may signal (`kill(-1)`); only
+/// ever called when the agent is PID 1, where that is the whole sandbox.
+fn kill_everything(signal: i32) {
+    // SAFETY: kill takes two integers and touches no memory. The caller
+    // checked the agent is PID 1 of its namespace, so -1 means every other
+    // process of the sandbox and nothing outside it.
+    unsafe {
+        libc::kill(-1, signal);
+    }
+}
+
+/// A resolved path inside the sandbox: relative ones are joined to `base`.
+pub(crate) fn join_path(base: &Path, path: &str) -> PathBuf {
+    let joined = if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        base.join(path)
+    };
+    // Drops "." components and doubled or trailing slashes (not "..").
+    joined.components().collect()
+}
+
+/// Checks the request for values `exec` cannot take.
+fn validate(req: &SpawnRequest) -> Result<(), Failure> {
+    if req.cmd.is_empty() {
+        return Err(Failure::invalid("the command is empty"));
+    }
+    if req.cmd.contains('\0') || req.args.iter().any(|a| a.contains('\0')) {
+        return Err(Failure::invalid(
+            "the command or an argument contains a NUL byte",
+        ));
+    }
+    for (key, value) in &req.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(Failure::invalid(format!(
+                "the environment variable {key:?} has an invalid name or value"
+            )));
+        }
+    }
+    if req.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
+        return Err(Failure::invalid(
+            "the working directory contains a NUL byte",
+        ));
+    }
+    Ok(())
+}
+
+/// Why a spawn failed, in protocol terms.
+fn spawn_failure(cmd: &str, error: &io::Error) -> Failure {
+    match error.raw_os_error() {
+        Some(libc::ENOENT) => Failure::new(
+            ErrorKind::NotFound,
+            format!("the command {cmd} was not found"),
+        ),
+        Some(libc::EACCES) | Some(libc::ENOEXEC) => Failure::new(
+            ErrorKind::NotExecutable,
+            format!(
+                "the command {cmd} could not be executed: {}",
+                crate::failure::reason(error)
+            ),
+        ),
+        _ => Failure::new(
+            ErrorKind::Io,
+            format!(
+                "the command {cmd} could not be started: {}",
+                crate::failure::reason(error)
+            ),
+        ),
+    }
+}
+
+/// Runs on a blocking thread: checks the cwd, forks and execs.
+fn launch(plan: Launch) -> Result<Launched, Failure> {
+    match std::fs::metadata(&plan.cwd) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(Failure::new(
+                ErrorKind::NotADirectory,
+                format!(
+                    "the working directory {} is not a directory",
+                    plan.cwd.display()
+                ),
+            ))
+        }
+        Err(error) => {
+            return Err(Failure::io(
+                format!("the working directory {} cannot be used", plan.cwd.display()),
+                &error,
+            ))
+        }
+    }
+    let mut command = Command::new(&plan.cmd);
+    command
+        .args(&plan.args)
+        .env_clear()
+        .envs(&plan.env)
+        .stdin(if plan.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let setup = plan.setup;
+    // SAFETY: the closure runs in the forked child before exec, where only
+    // async-signal-safe work is allowed. `ChildSetup::apply` makes raw system
+    // calls on values computed before the fork: no allocation, no locks, no
+    // access to state another thread could have left half-changed.
+    unsafe {
+        command.pre_exec(move || setup.apply());
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|error| spawn_failure(&plan.cmd, &error))?;
+    // Dropping a `Child` neither waits nor kills; the reaper owns the pid.
+    Ok(Launched {
+        pid: child.id(),
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+    })
+}
+
+impl Processes {
+    /// An empty process table.
+    pub(crate) fn new(config: Arc<AgentConfig>, outbox: Outbox, reaper: Arc<Reaper>) -> Self {
+        Processes {
+            config,
+            outbox,
+            reaper,
+            table: Mutex::new(Table::default()),
+            spawning: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+        }
+    }
+
+    fn home(&self, identity: Identity) -> &Path {
+        match identity {
+            Identity::User => &self.config.user_home,
+            Identity::Root => &self.config.root_home,
+        }
+    }
+
+    /// Handles `spawn`: answers on `id` from a task of its own.
+    pub(crate) fn spawn(self: &Arc<Self>, id: u64, req: SpawnRequest) {
+        self.spawning.fetch_add(1, Ordering::SeqCst);
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let started = this.start(req).await;
+            this.spawning.fetch_sub(1, Ordering::SeqCst);
+            match started {
+                Ok(running) => this.supervise(id, running).await,
+                Err(failure) => {
+                    this.outbox.fail(id, failure).await;
+                }
+            }
+        });
+    }
+
+    /// Starts the process and enters it in the table.
+    async fn start(self: &Arc<Self>, req: SpawnRequest) -> Result<Running, Failure> {
+        validate(&req)?;
+        let home = self.home(req.user);
+        let cwd = match &req.cwd {
+            Some(cwd) => join_path(home, cwd),
+            None => home.to_path_buf(),
+        };
+        let cwd_c = CString::new(cwd.as_os_str().as_bytes())
+            .map_err(|_| Failure::invalid("the working directory contains a NUL byte"))?;
+        let plan = Launch {
+            cmd: req.cmd.clone(),
+            args: req.args.clone(),
+            env: req.env.clone(),
+            cwd,
+            stdin: req.stdin,
+            setup: ChildSetup::new(&req.limits, req.user, self.config.drop_privileges, cwd_c),
+        };
+        let launched = tokio::task::spawn_blocking(move || launch(plan))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failure::new(
+                    ErrorKind::Io,
+                    "the process could not be started: the launch was interrupted",
+                ))
+            })?;
+        let pid = launched.pid;
+        let ended = self.reaper.register(pid);
+
+        let stdout = launched.stdout.map(pipe::Receiver::from_owned_fd).transpose();
+        let stderr = launched.stderr.map(pipe::Receiver::from_owned_fd).transpose();
+        let stdin = launched.stdin.map(pipe::Sender::from_owned_fd).transpose();
+        let (stdout, stderr, stdin) = match (stdout, stderr, stdin) {
+            (Ok(stdout), Ok(stderr), Ok(stdin)) => (stdout, stderr, stdin),
+            (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
+                let _ = kill_group(pid, libc::SIGKILL);
+                let _ = ended.await;
+                return Err(Failure::new(
+                    ErrorKind::Io,
+                    format!(
+                        "the pipes of {} could not be set up: {}",
+                        req.cmd,
+                        crate::failure::reason(&error)
+                    ),
+                ));
+            }
+        };
+
+        let (exited_tx, exited_rx) = watch::channel(false);
+        let stdin_state = match stdin {
+            Some(pipe) => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let queued = Arc::new(AtomicUsize::new(0));
+                tokio::spawn(feed_stdin(
+                    self.outbox.clone(),
+                    pid,
+                    pipe,
+                    rx,
+                    Arc::clone(&queued),
+                    exited_rx.clone(),
+                ));
+                Stdin::Open { tx, queued }
+            }
+            None => Stdin::Absent,
+        };
+        {
+            let mut table = locked(&self.table);
+            table.running.insert(
+                pid,
+                Entry {
+                    info: ProcessInfo {
+                        pid,
+                        cmd: req.cmd.clone(),
+                        args: req.args.clone(),
+                        user: req.user,
+                    },
+                    reaped: false,
+                    stdin: stdin_state,
+                    waiters: Vec::new(),
+                },
+            );
+        }
+        if self.closing.load(Ordering::SeqCst) {
+            let _ = kill_group(pid, libc::SIGKILL);
+        }
+        Ok(Running {
+            pid,
+            ended,
+            stdout,
+            stderr,
+            exited_tx,
+            exited_rx,
+            timeout: req.timeout_ms.map(Duration::from_millis),
+            output_limit: req.output_limit,
+        })
+    }
+
+    /// Streams a started process to its end and sends the final `exited`.
+    async fn supervise(self: Arc<Self>, id: u64, running: Running) {
+        let Running {
+            pid,
+            mut ended,
+            stdout,
+            stderr,
+            exited_tx,
+            exited_rx,
+            timeout,
+            output_limit,
+        } = running;
+        // If the host is gone, shutdown kills and reaps the process.
+        let _ = self.outbox.send(id, Event::Started { pid }).await;
+        let out_pump = tokio::spawn(pump(
+            self.outbox.clone(),
+            id,
+            Stream::Stdout,
+            stdout,
+            output_limit,
+            exited_rx.clone(),
+        ));
+        let err_pump = tokio::spawn(pump(
+            self.outbox.clone(),
+            id,
+            Stream::Stderr,
+            stderr,
+            output_limit,
+            exited_rx,
+        ));
+
+        let mut timed_out = false;
+        let how = match timeout {
+            Some(limit) => {
+                tokio::select! {
+                    how = &mut ended => how,
+                    _ = tokio::time::sleep(limit) => {
+                        timed_out = true;
+                        let _ = kill_group(pid, libc::SIGKILL);
+                        ended.await
+                    }
+                }
+            }
+            None => ended.await,
+        }
+        .unwrap_or(Ended::Unknown);
+
+        if let Some(entry) = locked(&self.table).running.get_mut(&pid) {
+            entry.reaped = true;
+        }
+        let _ = exited_tx.send(true);
+        let stdout_truncated = out_pump.await.unwrap_or(false);
+        let stderr_truncated = err_pump.await.unwrap_or(false);
+
+        let (code, signal) = match how {
+            Ended::Code(code) => (Some(code), None),
+            Ended::Signal(signal) => (None, Some(signal)),
+            Ended::Unknown => (None, None),
+        };
+        let status = ExitStatus {
+            pid,
+            code,
+            signal,
+            oom: false,
+            timed_out,
+            stdout_truncated,
+            stderr_truncated,
+        };
+        let waiters = {
+            let mut table = locked(&self.table);
+            let waiters = table
+                .running
+                .remove(&pid)
+                .map(|entry| entry.waiters)
+                .unwrap_or_default();
+            if table.recent.len() == RECENT {
+                table.recent.pop_front();
+            }
+            table.recent.push_back(status.clone());
+            waiters
+        };
+        for waiter in waiters {
+            let _ = waiter.send(status.clone());
+        }
+        drop(exited_tx);
+        self.outbox.send(id, Event::Exited(status)).await;
+    }
+
+    /// Handles `write_stdin`. `Ok` means queued: the stdin task answers.
+    pub(crate) fn write_stdin(&self, id: u64, pid: u32, data: Vec<u8>) -> Result<(), Failure> {
+        let table = locked(&self.table);
+        let entry = live_entry(&table, pid)?;
+        match &entry.stdin {
+            Stdin::Absent => Err(Failure::invalid(format!(
+                "process {pid} was started without a stdin pipe"
+            ))),
+            Stdin::Closed => Err(Failure::invalid(format!(
+                "the stdin of process {pid} is already closed"
+            ))),
+            Stdin::Open { tx, queued } => {
+                let waiting = queued.load(Ordering::SeqCst);
+                if waiting.saturating_add(data.len()) > STDIN_QUEUE_BYTES && waiting > 0 {
+                    return Err(Failure::new(
+                        ErrorKind::Io,
+                        format!(
+                            "the stdin of process {pid} already has {waiting} bytes waiting; \
+                             wait for their done before sending more"
+                        ),
+                    ));
+                }
+                queued.fetch_add(data.len(), Ordering::SeqCst);
+                let len = data.len();
+                tx.send(StdinOp {
+                    id,
+                    data: Some(data),
+                })
+                .map_err(|_| {
+                    queued.fetch_sub(len, Ordering::SeqCst);
+                    Failure::invalid(format!("the stdin of process {pid} is already closed"))
+                })
+            }
+        }
+    }
+
+    /// Handles `close_stdin`. `Ok` means queued behind earlier writes.
+    pub(crate) fn close_stdin(&self, id: u64, pid: u32) -> Result<(), Failure> {
+        let mut table = locked(&self.table);
+        let entry = table
+            .running
+            .get_mut(&pid)
+            .filter(|entry| !entry.reaped)
+            .ok_or_else(|| not_running(pid))?;
+        match std::mem::replace(&mut entry.stdin, Stdin::Closed) {
+            Stdin::Absent => {
+                entry.stdin = Stdin::Absent;
+                Err(Failure::invalid(format!(
+                    "process {pid} was started without a stdin pipe"
+                )))
+            }
+            Stdin::Closed => Err(Failure::invalid(format!(
+                "the stdin of process {pid} is already closed"
+            ))),
+            Stdin::Open { tx, .. } => tx
+                .send(StdinOp { id, data: None })
+                .map_err(|_| Failure::invalid(format!("the stdin of process {pid} is already closed"))),
+        }
+    }
+
+    /// Handles `signal`: signals the process group of `pid`.
+    pub(crate) fn signal(&self, pid: u32, signal: i32) -> Result<Event, Failure> {
+        if !(0..=64).contains(&signal) {
+            return Err(Failure::invalid(format!("{signal} is not a signal number")));
+        }
+        let table = locked(&self.table);
+        live_entry(&table, pid)?;
+        match kill_group(pid, signal) {
+            Ok(()) => Ok(Event::Done),
+            Err(error) if error.raw_os_error() == Some(libc::ESRCH) => Err(not_running(pid)),
+            Err(error) => Err(Failure::io(
+                format!("cannot signal process {pid}"),
+                &error,
+            )),
+        }
+    }
+
+    /// Handles `list_processes`: the started processes not yet ended.
+    pub(crate) fn list(&self) -> Event {
+        let table = locked(&self.table);
+        let mut processes: Vec<ProcessInfo> = table
+            .running
+            .values()
+            .filter(|entry| !entry.reaped)
+            .map(|entry| entry.info.clone())
+            .collect();
+        processes.sort_by_key(|info| info.pid);
+        Event::Processes { processes }
+    }
+
+    /// Handles `wait`.
+    pub(crate) fn wait(&self, pid: u32) -> Result<WaitOutcome, Failure> {
+        let mut table = locked(&self.table);
+        if let Some(entry) = table.running.get_mut(&pid) {
+            let (tx, rx) = oneshot::channel();
+            entry.waiters.push(tx);
+            return Ok(WaitOutcome::Pending(rx));
+        }
+        table
+            .recent
+            .iter()
+            .rev()
+            .find(|status| status.pid == pid)
+            .map(|status| WaitOutcome::Ended(status.clone()))
+            .ok_or_else(|| {
+                Failure::new(
+                    ErrorKind::NotFound,
+                    format!("no process {pid} was started recently"),
+                )
+            })
+    }
+
+    /// Kills every process group the agent started and waits until every
+    /// started process is reaped (a killed process leaves no zombie).
+    pub(crate) async fn kill_all(&self) {
+        self.settle_spawns().await;
+        self.signal_all(libc::SIGKILL);
+        self.settle_reaped(REAP_SETTLE).await;
+    }
+
+    /// The graceful stop of PID 1: SIGTERM to every group, up to
+    /// [`TERM_GRACE`] to exit, then SIGKILL for the rest.
+    pub(crate) async fn terminate_all(&self) {
+        self.settle_spawns().await;
+        self.signal_all(libc::SIGTERM);
+        if !self.settle_reaped(TERM_GRACE).await {
+            self.signal_all(libc::SIGKILL);
+            self.settle_reaped(REAP_SETTLE).await;
+        }
+    }
+
+    /// Stops new spawns and waits (bounded) for those in flight.
+    async fn settle_spawns(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + SPAWN_SETTLE;
+        while self.spawning.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Signals the group of every process started (running, draining or
+    /// recently ended: a background grandchild keeps its group). As PID 1
+    /// also every other process of the sandbox (orphans that left the group).
+    fn signal_all(&self, signal: i32) {
+        let groups: Vec<u32> = {
+            let table = locked(&self.table);
+            table
+                .running
+                .keys()
+                .copied()
+                .chain(table.recent.iter().map(|status| status.pid))
+                .collect()
+        };
+        for pgid in groups {
+            let _ = kill_group(pgid, signal);
+        }
+        if self.reaper.reaps_all() {
+            kill_everything(signal);
+        }
+    }
+
+    /// Waits until every started process is reaped, at most `limit`.
+    /// Returns whether they all were.
+    async fn settle_reaped(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let all_reaped = locked(&self.table)
+                .running
+                .values()
+                .all(|entry| entry.reaped);
+            if all_reaped {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            self.reaper.reap();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A started process on its way to [`Processes::supervise`].
+struct Running {
+    pid: u32,
+    ended: oneshot::Receiver<Ended>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
+    exited_tx: watch::Sender<bool>,
+    exited_rx: watch::Receiver<bool>,
+    timeout: Option<Duration>,
+    output_limit: u64,
+}
+
+fn not_running(pid: u32) -> Failure {
+    Failure::new(
+        ErrorKind::NotFound,
+        format!("no process {pid} started by the agent is running"),
+    )
+}
+
+fn live_entry(table: &Table, pid: u32) -> Result<&Entry, Failure> {
+    table
+        .running
+        .get(&pid)
+        .filter(|entry| !entry.reaped)
+        .ok_or_else(|| not_running(pid))
+}
+
+/// Forwards one output stream; returns whether it was cut at the cap.
+async fn pump(
+    outbox: Outbox,
+    id: u64,
+    stream: Stream,
+    pipe: Option<pipe::Receiver>,
+    limit: u64,
+    mut exited: watch::Receiver<bool>,
+) -> bool {
+    let Some(mut pipe) = pipe else { return false };
+    let mut buf = vec![0u8; OUTPUT_CHUNK];
+    let mut forwarded: u64 = 0;
+    let mut draining = *exited.borrow();
+    loop {
+        let read = if draining {
+            match tokio::time::timeout(DRAIN_GRACE, pipe.read(&mut buf)).await {
+                Ok(read) => read,
+                // Silent since the exit: a background process holds the pipe.
+                Err(_) => return false,
+            }
+        } else {
+            tokio::select! {
+                read = pipe.read(&mut buf) => read,
+                _ = exited.wait_for(|exited| *exited) => {
+                    draining = true;
+                    continue;
+                }
+            }
+        };
+        let n = match read {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        let room = usize::try_from(limit.saturating_sub(forwarded)).unwrap_or(usize::MAX);
+        let take = n.min(room);
+        if take > 0 {
+            forwarded += take as u64;
+            if !outbox
+                .send_payload(id, stream.event(), buf[..take].to_vec())
+                .await
+            {
+                return false;
+            }
+        }
+        if take < n {
+            // Past the cap: dropping the read end makes further writes fail
+            // with SIGPIPE/EPIPE, so the writer stops instead of spinning.
+            return true;
+        }
+    }
+}
+
+/// Writes queued stdin chunks to one process, answering each request.
+async fn feed_stdin(
+    outbox: Outbox,
+    pid: u32,
+    pipe: pipe::Sender,
+    mut rx: mpsc::UnboundedReceiver<StdinOp>,
+    queued: Arc<AtomicUsize>,
+    mut exited: watch::Receiver<bool>,
+) {
+    let mut pipe = Some(pipe);
+    loop {
+        let op = tokio::select! {
+            op = rx.recv() => op,
+            _ = exited.wait_for(|exited| *exited) => break,
+        };
+        let Some(op) = op else { return };
+        match op.data {
+            Some(data) => {
+                let len = data.len();
+                let result = match pipe.as_mut() {
+                    Some(pipe) => tokio::select! {
+                        result = pipe.write_all(&data) => result,
+                        _ = exited.wait_for(|exited| *exited) => {
+                            Err(io::Error::from_raw_os_error(libc::EPIPE))
+                        }
+                    },
+                    None => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                };
+                queued.fetch_sub(len, Ordering::SeqCst);
+                let answer = result.map(|()| Event::Done).map_err(|error| {
+                    Failure::new(
+                        ErrorKind::Io,
+                        format!(
+                            "cannot write to the stdin of process {pid}: {}",
+                            crate::failure::reason(&error)
+                        ),
+                    )
+                });
+                outbox.answer(op.id, answer).await;
+            }
+            None => {
+                pipe = None;
+                outbox.send(op.id, Event::Done).await;
+            }
+        }
+    }
+    // The process ended: whatever is still queued cannot be delivered.
+    drop(pipe);
+    rx.close();
+    while let Some(op) = rx.recv().await {
+        if let Some(data) = &op.data {
+            queued.fetch_sub(data.len(), Ordering::SeqCst);
+        }
+        let answer = match op.data {
+            Some(_) => Err(Failure::new(
+                ErrorKind::Io,
+                format!("cannot write to the stdin of process {pid}: it has exited"),
+            )),
+            None => Ok(Event::Done),
+        };
+        outbox.answer(op.id, answer).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_join_the_base_and_drop_dots() {
+        let base = Path::new("/home/user");
+        assert_eq!(join_path(base, "a/./b/"), PathBuf::from("/home/user/a/b"));
+        assert_eq!(join_path(base, "/tmp//x"), PathBuf::from("/tmp/x"));
+        assert_eq!(join_path(base, "."), PathBuf::from("/home/user"));
+    }
+
+    #[test]
+    fn spawn_errors_map_to_kinds() {
+        let kind = |errno| spawn_failure("x", &io::Error::from_raw_os_error(errno)).kind;
+        assert_eq!(kind(libc::ENOENT), ErrorKind::NotFound);
+        assert_eq!(kind(libc::EACCES), ErrorKind::NotExecutable);
+        assert_eq!(kind(libc::ENOEXEC), ErrorKind::NotExecutable);
+        assert_eq!(kind(libc::EPERM), ErrorKind::Io);
+    }
+}

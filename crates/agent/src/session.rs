@@ -1,0 +1,340 @@
+//! One session with the host: the read loop, request dispatch and shutdown.
+//!
+//! The read loop never waits for a process or a disk: requests that take
+//! time run in tasks of their own and answer through the [`Outbox`]. It does
+//! wait when the outbox is full (the host is not reading) or when an open
+//! write's small queue is full (the disk is slower than the host), which is
+//! the backpressure the host sees.
+
+use crate::failure::Failure;
+use crate::files::{Files, WriteMsg};
+use crate::outbox::{self, Outbox};
+use crate::process::{Processes, WaitOutcome};
+use crate::reaper::{self, Reaper};
+use crate::{AgentConfig, AgentError};
+use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, PROTOCOL_VERSION};
+use std::collections::HashMap;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use tokio::io::BufReader;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// Read buffer of the host stream.
+const READ_BUFFER: usize = 64 * 1024;
+
+/// An open `write_file`, by request id.
+enum WriteSlot {
+    /// Frames go to the write task.
+    Open(mpsc::Sender<WriteMsg>),
+    /// The write was refused at once; its frames are ignored until `write_end`.
+    Refused,
+}
+
+/// Why the read loop stopped.
+enum Stop {
+    /// The host closed the stream or it failed.
+    Closed,
+    /// The host sent a frame that cannot be read; the stream is out of step.
+    Corrupt(FrameError),
+    /// PID 1 got SIGTERM or SIGINT.
+    Terminated,
+}
+
+struct Session {
+    outbox: Outbox,
+    processes: Arc<Processes>,
+    files: Files,
+    writes: HashMap<u64, WriteSlot>,
+}
+
+/// Ignores SIGPIPE so a closed host stream or stdin pipe is an `EPIPE`
+/// error, not the agent's death. (Rust binaries already do this at start;
+/// the agent does not rely on it.)
+fn ignore_sigpipe() {
+    // SAFETY: installing SIG_IGN for SIGPIPE replaces no handler that Rust
+    // code depends on and touches no memory of ours; children get the
+    // default back from std before exec.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+}
+
+/// Waits for SIGTERM or SIGINT; never, when not PID 1.
+async fn terminated(signals: &mut Option<(Signal, Signal)>) {
+    match signals {
+        Some((term, int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// Serves one stream; see [`crate::serve`].
+pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), AgentError> {
+    let pid1 = std::process::id() == 1;
+    if config.drop_privileges {
+        // Sandboxed code (even its root) must not ptrace the agent or read
+        // its /proc entries. Best effort: failure leaves the default.
+        let _ = rustix::process::set_dumpable_behavior(
+            rustix::process::DumpableBehavior::NotDumpable,
+        );
+    }
+    ignore_sigpipe();
+
+    channel.set_nonblocking(true).map_err(AgentError::Channel)?;
+    let stream = tokio::net::UnixStream::from_std(channel).map_err(AgentError::Channel)?;
+    let (read_half, write_half) = stream.into_split();
+    let sigchld = signal(SignalKind::child()).map_err(AgentError::Signals)?;
+    let mut term_signals = if pid1 {
+        Some((
+            signal(SignalKind::terminate()).map_err(AgentError::Signals)?,
+            signal(SignalKind::interrupt()).map_err(AgentError::Signals)?,
+        ))
+    } else {
+        None
+    };
+
+    let config = Arc::new(config);
+    let (outbox, queue) = Outbox::new();
+    let writer = tokio::spawn(outbox::write_loop(write_half, queue));
+    let reaper = Arc::new(Reaper::new(pid1));
+    let reaper_task = tokio::spawn(reaper::run(Arc::clone(&reaper), Some(sigchld)));
+    let keepalive_task = (!config.keepalive.is_zero()).then(|| {
+        let outbox = outbox.clone();
+        let every = config.keepalive;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                outbox.keepalive();
+            }
+        })
+    });
+
+    let mut session = Session {
+        outbox: outbox.clone(),
+        processes: Arc::new(Processes::new(
+            Arc::clone(&config),
+            outbox,
+            Arc::clone(&reaper),
+        )),
+        files: Files::new(config.user_home.clone(), config.drop_privileges),
+        writes: HashMap::new(),
+    };
+
+    let mut reader = BufReader::with_capacity(READ_BUFFER, read_half);
+    let stop = loop {
+        let frame = tokio::select! {
+            frame = read_frame::<_, serde_json::Value>(&mut reader) => frame,
+            _ = terminated(&mut term_signals) => break Stop::Terminated,
+        };
+        match frame {
+            Ok(frame) => session.dispatch(frame).await,
+            Err(FrameError::Closed | FrameError::Io(_)) => break Stop::Closed,
+            Err(error) => break Stop::Corrupt(error),
+        }
+    };
+
+    // Open writes end without an answer: the host is gone or going.
+    session.writes.clear();
+    match stop {
+        Stop::Terminated => session.processes.terminate_all().await,
+        Stop::Closed | Stop::Corrupt(_) => session.processes.kill_all().await,
+    }
+    if let Some(task) = keepalive_task {
+        task.abort();
+    }
+    reaper_task.abort();
+    writer.abort();
+    match stop {
+        Stop::Corrupt(error) => Err(AgentError::Protocol(error)),
+        Stop::Closed | Stop::Terminated => Ok(()),
+    }
+}
+
+impl Session {
+    /// Handles one frame. Returns quickly: slow work runs in tasks.
+    async fn dispatch(&mut self, frame: Frame<serde_json::Value>) {
+        let id = frame.id;
+        let request: Request = match serde_json::from_value(frame.msg) {
+            Ok(request) => request,
+            Err(error) => {
+                self.outbox
+                    .fail(id, Failure::invalid(format!("the request is not valid: {error}")))
+                    .await;
+                return;
+            }
+        };
+        let payload = frame.payload;
+        match request {
+            Request::Hello { version } => {
+                let answer = if version == PROTOCOL_VERSION {
+                    Ok(Event::Hello {
+                        version: PROTOCOL_VERSION,
+                        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                    })
+                } else {
+                    Err(Failure::new(
+                        airlock_protocol::ErrorKind::UnsupportedVersion,
+                        format!(
+                            "protocol version {version} is not supported; \
+                             this agent speaks version {PROTOCOL_VERSION}"
+                        ),
+                    ))
+                };
+                self.outbox.answer(id, answer).await;
+            }
+            Request::Ping => {
+                self.outbox.send(id, Event::Pong).await;
+            }
+            Request::Spawn(spawn) => self.processes.spawn(id, spawn),
+            Request::WriteStdin { pid } => {
+                if let Err(failure) = self.processes.write_stdin(id, pid, payload) {
+                    self.outbox.fail(id, failure).await;
+                }
+            }
+            Request::CloseStdin { pid } => {
+                if let Err(failure) = self.processes.close_stdin(id, pid) {
+                    self.outbox.fail(id, failure).await;
+                }
+            }
+            Request::Signal { pid, signal } => {
+                let answer = self.processes.signal(pid, signal);
+                self.outbox.answer(id, answer).await;
+            }
+            Request::ListProcesses => {
+                let answer = self.processes.list();
+                self.outbox.send(id, answer).await;
+            }
+            Request::Wait { pid } => match self.processes.wait(pid) {
+                Ok(WaitOutcome::Ended(status)) => {
+                    self.outbox.send(id, Event::Exited(status)).await;
+                }
+                Ok(WaitOutcome::Pending(rx)) => {
+                    let outbox = self.outbox.clone();
+                    tokio::spawn(async move {
+                        if let Ok(status) = rx.await {
+                            outbox.send(id, Event::Exited(status)).await;
+                        }
+                    });
+                }
+                Err(failure) => {
+                    self.outbox.fail(id, failure).await;
+                }
+            },
+            Request::ReadFile {
+                path,
+                offset,
+                length,
+            } => {
+                let (files, outbox) = (self.files.clone(), self.outbox.clone());
+                tokio::spawn(async move {
+                    let answer = files.read(&outbox, id, &path, offset, length).await;
+                    outbox.answer(id, answer).await;
+                });
+            }
+            Request::WriteFile {
+                path,
+                mode,
+                create_parents,
+                append,
+                owner,
+            } => self.open_write(id, &path, mode, create_parents, append, owner).await,
+            Request::WriteData => match self.writes.get(&id) {
+                Some(WriteSlot::Open(tx)) => {
+                    // An error ends the task's interest; the frame is dropped.
+                    let _ = tx.send(WriteMsg::Data(payload)).await;
+                }
+                Some(WriteSlot::Refused) => {}
+                None => self.no_write(id).await,
+            },
+            Request::WriteEnd => match self.writes.remove(&id) {
+                Some(WriteSlot::Open(tx)) => {
+                    let _ = tx.send(WriteMsg::End).await;
+                }
+                Some(WriteSlot::Refused) => {}
+                None => self.no_write(id).await,
+            },
+            Request::Stat { path } => self.file_task(id, move |files| async move {
+                files.stat(&path).await
+            }),
+            Request::ListDir { path, depth } => self.file_task(id, move |files| async move {
+                files.list_dir(&path, depth).await
+            }),
+            Request::MakeDir {
+                path,
+                parents,
+                mode,
+                owner,
+            } => self.file_task(id, move |files| async move {
+                files.make_dir(&path, parents, mode, owner).await
+            }),
+            Request::Remove { path, recursive } => self.file_task(id, move |files| async move {
+                files.remove(&path, recursive).await
+            }),
+            Request::Rename { from, to } => self.file_task(id, move |files| async move {
+                files.rename(&from, &to).await
+            }),
+        }
+    }
+
+    /// Runs a file operation in a task and sends its answer.
+    fn file_task<F, Fut>(&self, id: u64, work: F)
+    where
+        F: FnOnce(Files) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Event, Failure>> + Send + 'static,
+    {
+        let (files, outbox) = (self.files.clone(), self.outbox.clone());
+        tokio::spawn(async move {
+            let answer = work(files).await;
+            outbox.answer(id, answer).await;
+        });
+    }
+
+    async fn open_write(
+        &mut self,
+        id: u64,
+        path: &str,
+        mode: Option<u32>,
+        create_parents: bool,
+        append: bool,
+        owner: airlock_protocol::Identity,
+    ) {
+        if self.writes.contains_key(&id) {
+            self.outbox
+                .fail(
+                    id,
+                    Failure::invalid(format!("a write with id {id} is already open")),
+                )
+                .await;
+            return;
+        }
+        match self
+            .files
+            .write_target(path, mode, create_parents, append, owner)
+        {
+            Ok(target) => {
+                let tx = self.files.start_write(self.outbox.clone(), id, target);
+                self.writes.insert(id, WriteSlot::Open(tx));
+            }
+            Err(failure) => {
+                self.writes.insert(id, WriteSlot::Refused);
+                self.outbox.fail(id, failure).await;
+            }
+        }
+    }
+
+    async fn no_write(&self, id: u64) {
+        self.outbox
+            .fail(
+                id,
+                Failure::invalid(format!("no write_file is open with id {id}")),
+            )
+            .await;
+    }
+}

@@ -1,0 +1,426 @@
+//! `airlock run`: an ephemeral sandbox for one command.
+
+use crate::{EXIT_BAD_INPUT, EXIT_INTERNAL};
+use airlock_jail::runtime::RuntimeDir;
+use airlock_jail::Jail;
+use airlock_policy::{parse_cpus, parse_duration, parse_size, BindMount, RunAs, SandboxSpec, Template};
+use airlock_protocol::{
+    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, Request, SpawnRequest, PROTOCOL_VERSION,
+};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Options of `airlock run`. Defaults are the safe ones of the sandbox spec.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Root filesystem: `host` (read-only host /usr, /bin, /lib*, generated
+    /// /etc) or a directory holding a root filesystem.
+    #[arg(long, default_value = "host", value_name = "host|DIR")]
+    template: String,
+    /// Memory limit (the writable layer counts against it).
+    #[arg(long, default_value = "512M", value_name = "SIZE")]
+    memory: String,
+    /// CPU quota in CPUs.
+    #[arg(long, default_value = "1", value_name = "N", allow_hyphen_values = true)]
+    cpus: String,
+    /// Maximum number of processes and threads.
+    #[arg(long, default_value_t = airlock_policy::DEFAULT_PIDS, value_name = "N")]
+    pids: u32,
+    /// Size of the private writable layer (/, /tmp, /home/user).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    disk: String,
+    /// Wall-clock limit; the whole sandbox is killed at it.
+    #[arg(long, default_value = "300s", value_name = "DURATION")]
+    timeout: String,
+    /// Environment variable for the command (repeatable). Nothing is
+    /// inherited from the host.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long, value_name = "PATH")]
+    cwd: Option<String>,
+    /// Identity of the command: `user` (uid 1000, no capabilities) or `root`
+    /// (root only inside the sandbox's user namespace).
+    #[arg(long, value_enum, default_value_t = UserArg::User)]
+    user: UserArg,
+    /// Bind a host path into the sandbox (repeatable); `:ro` for read-only.
+    #[arg(long = "mount", short = 'v', value_name = "HOST:SANDBOX[:ro]")]
+    mounts: Vec<String>,
+    /// Open-file limit of every process.
+    #[arg(long, default_value_t = airlock_policy::DEFAULT_NOFILE, value_name = "N")]
+    nofile: u64,
+    /// Cap on output per stream; past it the stream is cut (the writer gets
+    /// SIGPIPE) and the result says so.
+    #[arg(long, default_value = "16M", value_name = "SIZE")]
+    output_limit: String,
+    /// Print one JSON result object instead of streaming output.
+    #[arg(long)]
+    json: bool,
+    /// Start even when the kernel cannot enforce Landlock (weaker sandbox).
+    #[arg(long)]
+    unsafe_allow_no_landlock: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum UserArg {
+    User,
+    Root,
+}
+
+/// The `--json` result.
+#[derive(Serialize)]
+struct RunResult {
+    sandbox_id: String,
+    exit_code: i32,
+    signal: Option<i32>,
+    oom: bool,
+    timed_out: bool,
+    wall_time_ms: u64,
+    cpu_time_ms: u64,
+    peak_memory_bytes: Option<u64>,
+    stdout: String,
+    stderr: String,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+}
+
+/// Input that cannot be run, reported as one line with exit code 2.
+fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
+    let mut spec = SandboxSpec::default();
+    spec.template = match args.template.as_str() {
+        "host" => Template::Host,
+        dir => Template::Dir {
+            path: std::path::absolute(dir).map_err(|e| format!("template `{dir}`: {e}"))?,
+        },
+    };
+    let err = |e: airlock_policy::ParseError| e.to_string();
+    spec.limits.memory_bytes = parse_size(&args.memory).map_err(err)?;
+    spec.limits.cpu_millis = parse_cpus(&args.cpus).map_err(err)?;
+    spec.limits.pids = args.pids;
+    spec.limits.disk_bytes = parse_size(&args.disk).map_err(err)?;
+    spec.limits.nofile = args.nofile;
+    spec.limits.output_bytes = parse_size(&args.output_limit).map_err(err)?;
+    spec.timeout_ms = u64::try_from(parse_duration(&args.timeout).map_err(err)?.as_millis()).unwrap_or(u64::MAX);
+    for pair in &args.env {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("--env `{pair}` is not K=V"))?;
+        spec.env.insert(key.to_owned(), value.to_owned());
+    }
+    spec.cwd = args.cwd.clone();
+    spec.user = match args.user {
+        UserArg::User => RunAs::User,
+        UserArg::Root => RunAs::Root,
+    };
+    for mount in &args.mounts {
+        let mut parsed = BindMount::parse(mount).map_err(|e| e.to_string())?;
+        if parsed.source.is_relative() {
+            parsed.source = std::path::absolute(&parsed.source).map_err(|e| format!("mount `{mount}`: {e}"))?;
+        }
+        spec.mounts.push(parsed);
+    }
+    spec.security.unsafe_allow_no_landlock = args.unsafe_allow_no_landlock;
+    spec.validate().map_err(|e| e.to_string())?;
+    Ok(spec)
+}
+
+pub fn main(args: RunArgs) -> ExitCode {
+    let started = Instant::now();
+    let spec = match spec_from_args(&args) {
+        Ok(spec) => spec,
+        Err(message) => {
+            eprintln!("airlock: error: {message}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    };
+    // Launch before any thread exists: the sandbox init is cloned from us.
+    let runtime_dir = RuntimeDir::system();
+    let mut jail = match Jail::launch(&spec, &runtime_dir) {
+        Ok(jail) => jail,
+        Err(e) => {
+            eprintln!("airlock: error: {}", error_chain(&e));
+            return ExitCode::from(if e.is_bad_input() { EXIT_BAD_INPUT } else { EXIT_INTERNAL });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(2)
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("airlock: error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    };
+    let outcome = runtime.block_on(session(&args, &spec, &mut jail));
+    let stats = jail.stats();
+    let teardown = jail.teardown();
+    drop(runtime);
+    let mut outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(message) => {
+            eprintln!("airlock: error: {message}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    };
+    if let Err(e) = teardown {
+        eprintln!("airlock: error: teardown failed: {}", error_chain(&e));
+        return ExitCode::from(EXIT_INTERNAL);
+    }
+    if stats.oom_kills > 0 && outcome.status.signal == Some(libc::SIGKILL) {
+        outcome.status.oom = true;
+    }
+    let code = outcome.status.shell_code();
+    if args.json {
+        let result = RunResult {
+            sandbox_id: jail.id().to_owned(),
+            exit_code: code,
+            signal: outcome.status.signal,
+            oom: outcome.status.oom,
+            timed_out: outcome.status.timed_out,
+            wall_time_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            cpu_time_ms: stats.cpu_time_ns / 1_000_000,
+            peak_memory_bytes: stats.peak_memory_bytes,
+            stdout: String::from_utf8_lossy(&outcome.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&outcome.stderr).into_owned(),
+            stdout_truncated: outcome.status.stdout_truncated,
+            stderr_truncated: outcome.status.stderr_truncated,
+        };
+        match serde_json::to_string(&result) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("airlock: error: cannot encode the result: {e}");
+                return ExitCode::from(EXIT_INTERNAL);
+            }
+        }
+    } else if outcome.status.timed_out {
+        eprintln!("airlock: sandbox {} killed at its {} timeout", jail.id(), args.timeout);
+    } else if outcome.status.oom {
+        eprintln!("airlock: sandbox {} ran out of memory ({} limit)", jail.id(), args.memory);
+    }
+    ExitCode::from((code & 0xff) as u8)
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+struct Outcome {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+fn default_env(spec: &SandboxSpec) -> BTreeMap<String, String> {
+    let (home, name) = match spec.user {
+        RunAs::User => ("/home/user", "user"),
+        RunAs::Root => ("/root", "root"),
+    };
+    let mut env = BTreeMap::from([
+        ("PATH".to_owned(), PATH.to_owned()),
+        ("HOME".to_owned(), home.to_owned()),
+        ("USER".to_owned(), name.to_owned()),
+        ("LOGNAME".to_owned(), name.to_owned()),
+        ("SHELL".to_owned(), "/bin/bash".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+    ]);
+    env.extend(spec.env.clone());
+    env
+}
+
+const SPAWN_ID: u64 = 2;
+
+async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<Outcome, String> {
+    let channel = jail.take_channel().ok_or("the agent channel is gone")?;
+    channel
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot use the agent channel: {e}"))?;
+    let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| format!("cannot use the agent channel: {e}"))?;
+    let (mut reader, mut writer) = stream.into_split();
+
+    let (tx, mut rx) = mpsc::channel::<Frame<Request>>(16);
+    let writer_task = tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if write_frame(&mut writer, &frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    let send = |frame: Frame<Request>| {
+        let tx = tx.clone();
+        async move { tx.send(frame).await.map_err(|_| "the agent channel closed".to_string()) }
+    };
+
+    send(Frame::new(1, Request::Hello { version: PROTOCOL_VERSION })).await?;
+    send(Frame::new(
+        SPAWN_ID,
+        Request::Spawn(SpawnRequest {
+            cmd: args.command[0].clone(),
+            args: args.command[1..].to_vec(),
+            env: default_env(spec),
+            cwd: spec.cwd.clone(),
+            user: match spec.user {
+                RunAs::User => Identity::User,
+                RunAs::Root => Identity::Root,
+            },
+            stdin: true,
+            timeout_ms: None,
+            output_limit: spec.limits.output_bytes,
+            limits: ProcessLimits {
+                nofile: spec.limits.nofile,
+                fsize_bytes: spec.limits.disk_bytes,
+            },
+        }),
+    ))
+    .await?;
+
+    let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms));
+    tokio::pin!(deadline);
+    let mut signals = Signals::new()?;
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    let mut pid = None;
+    let mut timed_out = false;
+    let status = loop {
+        tokio::select! {
+            frame = read_frame::<_, Event>(&mut reader) => {
+                let frame = match frame {
+                    Ok(frame) => frame,
+                    // The agent died: the sandbox was killed (timeout, OOM of
+                    // the agent, or from outside).
+                    Err(_) => break killed_status(pid.unwrap_or(0), timed_out),
+                };
+                match (frame.id, frame.msg) {
+                    (1, Event::Hello { .. }) => {}
+                    (1, Event::Error { message, .. }) => return Err(format!("the agent refused the session: {message}")),
+                    (SPAWN_ID, Event::Started { pid: started }) => {
+                        pid = Some(started);
+                        tokio::spawn(forward_stdin(tx.clone(), started));
+                    }
+                    (SPAWN_ID, Event::Stdout) => emit(args.json, &mut stdout, &frame.payload, &mut std::io::stdout()),
+                    (SPAWN_ID, Event::Stderr) => emit(args.json, &mut stderr, &frame.payload, &mut std::io::stderr()),
+                    (SPAWN_ID, Event::Exited(status)) => break status,
+                    (SPAWN_ID, Event::Error { kind, message }) => {
+                        let code = match kind {
+                            airlock_protocol::ErrorKind::NotFound => 127,
+                            airlock_protocol::ErrorKind::NotExecutable | airlock_protocol::ErrorKind::PermissionDenied => 126,
+                            _ => 125,
+                        };
+                        eprintln!("airlock: cannot run `{}`: {message}", args.command[0]);
+                        break ExitStatus { pid: 0, code: Some(code), signal: None, oom: false, timed_out: false, stdout_truncated: false, stderr_truncated: false };
+                    }
+                    _ => {}
+                }
+            }
+            () = &mut deadline, if !timed_out => {
+                timed_out = true;
+                jail.kill();
+            }
+            Some(signal) = signals.next() => {
+                if let Some(pid) = pid {
+                    let _ = tx.try_send(Frame::new(10, Request::Signal { pid, signal }));
+                } else {
+                    jail.kill();
+                }
+            }
+        }
+    };
+    drop(tx);
+    writer_task.abort();
+    let _ = std::io::stdout().flush();
+    Ok(Outcome {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+fn killed_status(pid: u32, timed_out: bool) -> ExitStatus {
+    ExitStatus {
+        pid,
+        code: None,
+        signal: Some(libc::SIGKILL),
+        oom: false,
+        timed_out,
+        stdout_truncated: false,
+        stderr_truncated: false,
+    }
+}
+
+fn emit(collect: bool, buffer: &mut Vec<u8>, bytes: &[u8], out: &mut dyn Write) {
+    if collect {
+        buffer.extend_from_slice(bytes);
+    } else {
+        // A closed stdout of ours must not stop the sandbox's teardown.
+        let _ = out.write_all(bytes).and_then(|()| out.flush());
+    }
+}
+
+/// Copies our stdin to the process; closes its stdin at our EOF.
+async fn forward_stdin(tx: mpsc::Sender<Frame<Request>>, pid: u32) {
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if tx
+                    .send(Frame::with_payload(3, Request::WriteStdin { pid }, buffer[..n].to_vec()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = tx.send(Frame::new(4, Request::CloseStdin { pid })).await;
+}
+
+/// SIGINT, SIGTERM and SIGHUP of the CLI, forwarded to the command.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Signals, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let make = |kind| signal(kind).map_err(|e| format!("cannot handle signals: {e}"));
+        Ok(Signals {
+            interrupt: make(SignalKind::interrupt())?,
+            terminate: make(SignalKind::terminate())?,
+            hangup: make(SignalKind::hangup())?,
+        })
+    }
+
+    async fn next(&mut self) -> Option<i32> {
+        tokio::select! {
+            s = self.interrupt.recv() => s.map(|()| libc::SIGINT),
+            s = self.terminate.recv() => s.map(|()| libc::SIGTERM),
+            s = self.hangup.recv() => s.map(|()| libc::SIGHUP),
+        }
+    }
+}
+

@@ -1,0 +1,184 @@
+//! `airlock run`: what a user gets, end to end, through the real binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+
+#[test]
+fn echo_streams_stdout_and_exits_zero() {
+    let out = run(&["--", "echo", "hello"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn stderr_is_streamed_separately() {
+    let out = run(&["--", "/bin/sh", "-c", "echo out; echo err >&2"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+}
+
+#[test]
+fn python_runs() {
+    let value = sh_json(&[], "python3 -c 'import sys; print(sys.version_info[0] * 7)'");
+    assert_eq!(stdout(&value), "21\n");
+    assert_eq!(exit_code(&value), 0);
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let value = sh_json(&[], "exit 3");
+    assert_eq!(exit_code(&value), 3);
+    assert_eq!(value["signal"], serde_json::Value::Null);
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    let value = sh_json(&[], "kill -TERM $$");
+    assert_eq!(exit_code(&value), 143);
+    assert_eq!(value["signal"], 15);
+    assert_eq!(value["oom"], false);
+}
+
+#[test]
+fn command_not_found_is_127() {
+    let out = run(&["--", "no-such-command-anywhere"]);
+    assert_eq!(out.status.code(), Some(127));
+}
+
+#[test]
+fn stdin_is_passed_through() {
+    let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+    let out = run_with_stdin(&["--", "cat"], Some(&data));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout == data, "stdin came back changed ({} bytes)", out.stdout.len());
+}
+
+#[test]
+fn large_output_streams_completely() {
+    let out = run(&["--", "/bin/sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout.len(), 5_000_000);
+    assert!(out.stdout.iter().all(|&b| b == b'a'));
+}
+
+#[test]
+fn environment_is_not_inherited() {
+    let value = sh_json(&["--env", "GREETING=hi there"], "env");
+    let env = stdout(&value);
+    assert!(!env.contains("AIRLOCK_TEST_HOST_SECRET"), "host env leaked: {env}");
+    assert!(env.contains("GREETING=hi there"));
+    assert!(env.contains("HOME=/home/user"));
+}
+
+#[test]
+fn default_identity_is_user_in_home() {
+    let value = sh_json(&[], "id -u; id -g; pwd; whoami; hostname");
+    let lines: Vec<&str> = stdout(&value).lines().collect();
+    assert_eq!(&lines[..4], ["1000", "1000", "/home/user", "user"]);
+    assert_eq!(lines[4], value["sandbox_id"].as_str().unwrap());
+}
+
+#[test]
+fn cwd_option() {
+    let value = sh_json(&["--cwd", "/tmp"], "pwd");
+    assert_eq!(stdout(&value), "/tmp\n");
+}
+
+#[test]
+fn root_is_root_only_inside() {
+    let value = sh_json(&["--user", "root"], "id -u; cat /proc/self/uid_map");
+    let text = stdout(&value);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("0"));
+    let map: Vec<u64> = lines.next().unwrap().split_whitespace().map(|n| n.parse().unwrap()).collect();
+    assert_eq!(map[0], 0);
+    assert!(map[1] >= u64::from(UID_BASE), "root inside maps to host uid {}", map[1]);
+    assert_eq!(map[2], 65536);
+}
+
+#[test]
+fn read_only_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(dir.path().join("input.txt"), "from host\n").unwrap();
+    std::fs::set_permissions(dir.path().join("input.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mount = format!("{}:/mnt/data:ro", dir.path().display());
+    let value = sh_json(
+        &["--mount", &mount, "--user", "root"],
+        "cat /mnt/data/input.txt; echo x > /mnt/data/new 2>/dev/null && echo WROTE || echo refused",
+    );
+    assert_eq!(stdout(&value), "from host\nrefused\n");
+    assert!(!dir.path().join("new").exists());
+}
+
+#[test]
+fn read_write_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mount = format!("{}:/mnt/out", dir.path().display());
+    let value = sh_json(&["--mount", &mount], "echo result > /mnt/out/answer.txt && echo ok");
+    assert_eq!(stdout(&value), "ok\n");
+    assert_eq!(std::fs::read_to_string(dir.path().join("answer.txt")).unwrap(), "result\n");
+}
+
+#[test]
+fn json_result_has_every_field() {
+    let value = sh_json(&[], "true");
+    for field in [
+        "sandbox_id",
+        "exit_code",
+        "signal",
+        "oom",
+        "timed_out",
+        "wall_time_ms",
+        "cpu_time_ms",
+        "peak_memory_bytes",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+    ] {
+        assert!(value.get(field).is_some(), "missing {field} in {value}");
+    }
+}
+
+#[test]
+fn sandbox_layout_exists() {
+    let value = sh_json(
+        &[],
+        "for d in /home/user /tmp /mnt/user-data/uploads /mnt/user-data/workspace /mnt/user-data/outputs \
+         /mnt/skills/public /mnt/skills/custom; do test -d $d || echo missing $d; done; \
+         touch /mnt/user-data/outputs/x /tmp/x /home/user/x && echo writable",
+    );
+    assert_eq!(stdout(&value), "writable\n");
+}
+
+#[test]
+fn login_shell_starts() {
+    let value = sh_json(&[], "bash -l -c 'echo $PATH'");
+    assert!(stdout(&value).contains("/usr/bin"), "{value}");
+}
+
+#[test]
+fn directory_template_with_busybox() {
+    let busybox = std::path::Path::new("/bin/busybox");
+    assert!(busybox.exists(), "the busybox-static package is needed for template tests (CI installs it)");
+    let template = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(template.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = template.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::copy(busybox, bin.join("busybox")).unwrap();
+    for tool in ["sh", "echo", "cat", "ls", "id", "touch"] {
+        std::os::unix::fs::symlink("busybox", bin.join(tool)).unwrap();
+    }
+    let path = template.path().to_str().unwrap();
+    let value = sh_json(
+        &["--template", path, "--user", "root"],
+        "echo from-template; touch /newfile && echo root-writable; ls /bin/busybox",
+    );
+    assert_eq!(stdout(&value), "from-template\nroot-writable\n/bin/busybox\n", "{value}");
+    assert!(!template.path().join("newfile").exists(), "writes must go to the private upper layer");
+}

@@ -1,0 +1,319 @@
+//! The real [`RootfsSys`]: mounts and files beneath the new root, resolved by
+//! descriptor.
+//!
+//! Every path is opened with `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`
+//! relative to the new root's descriptor, so `..` and absolute symlinks stay
+//! inside it. Mounts target `/proc/self/fd/N` of the resolved descriptor
+//! (the runc fix for CVE-2021-30465), so a symlink swapped in after the check
+//! cannot redirect them.
+
+use crate::rootfs::{Flags, NodeKind, RootfsSys};
+use rustix::fs::{
+    fchmod, fchown, mkdirat, openat, openat2, symlinkat, unlinkat, AtFlags, Gid, Mode, OFlags, ResolveFlags, Uid,
+    CWD,
+};
+use rustix::io::Errno;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+
+/// A setup step failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} {path} failed: {errno}")]
+pub struct SetupError {
+    pub step: &'static str,
+    pub path: String,
+    pub errno: Errno,
+}
+
+fn fail<'a>(step: &'static str, path: &'a str) -> impl FnOnce(Errno) -> SetupError + 'a {
+    move |errno| SetupError {
+        step,
+        path: path.to_owned(),
+        errno,
+    }
+}
+
+/// Host paths the setup binds, opened while the sandbox init still has the
+/// launcher's host credentials (so a root-only host directory can be bound)
+/// and used later through their `/proc/self/fd` links.
+#[derive(Default)]
+pub struct HostSources {
+    opened: Vec<(std::path::PathBuf, OwnedFd)>,
+}
+
+impl HostSources {
+    /// Opens each path with `O_PATH`.
+    pub fn open<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Result<HostSources, SetupError> {
+        let mut opened = Vec::new();
+        for path in paths {
+            let display = path.to_string_lossy().into_owned();
+            let fd = openat(CWD, path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+                .map_err(fail("open host path", &display))?;
+            opened.push((path.to_owned(), fd));
+        }
+        Ok(HostSources { opened })
+    }
+
+    /// The `/proc/self/fd` link of an opened path, or the path itself.
+    pub fn link(&self, path: &Path) -> Option<String> {
+        self.opened.iter().find(|(p, _)| p == path).map(|(_, fd)| fd_path(fd))
+    }
+}
+
+/// The new root, as a directory descriptor.
+pub struct RootDir {
+    root: OwnedFd,
+    sources: HostSources,
+}
+
+impl RootDir {
+    /// Opens the directory that will become `/`.
+    pub fn open(path: &Path, sources: HostSources) -> Result<RootDir, SetupError> {
+        let display = path.to_string_lossy().into_owned();
+        let root = openat(
+            CWD,
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(fail("open root", &display))?;
+        Ok(RootDir { root, sources })
+    }
+
+    fn resolve(&self, path: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
+        let path = if path.is_empty() { "." } else { path };
+        openat2(
+            &self.root,
+            path,
+            flags | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )
+    }
+
+    /// The directory holding `path` and the last component.
+    fn parent<'p>(&self, path: &'p str) -> Result<(OwnedFd, &'p str), Errno> {
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        Ok((self.resolve(dir, OFlags::PATH | OFlags::DIRECTORY)?, name))
+    }
+
+    /// Creates every missing directory of `path` (0755, owned by root).
+    fn mkdir_all(&self, path: &str) -> Result<(), Errno> {
+        let mut prefix = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            let (parent, name) = self.parent(&prefix)?;
+            match mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Mounts over the resolved `path` through its `/proc/self/fd` link.
+    fn mount_on(
+        &self,
+        source: Option<&str>,
+        path: &str,
+        fstype: Option<&str>,
+        flags: libc::c_ulong,
+        data: Option<&str>,
+    ) -> Result<(), Errno> {
+        let target = self.resolve(path, OFlags::PATH)?;
+        raw_mount(source, &fd_path(&target), fstype, flags, data)
+    }
+
+    /// Remounts the mount at `path` read-only (plus `extra`), keeping the
+    /// flags the kernel locks for mounts that came from the host.
+    fn remount(&self, path: &str, read_only: bool, extra: Flags) -> Result<(), Errno> {
+        let target = self.resolve(path, OFlags::PATH)?;
+        let mut flags = libc::MS_REMOUNT | libc::MS_BIND | locked_flags(&target)? | ms_flags(extra);
+        if read_only {
+            flags |= libc::MS_RDONLY;
+        }
+        raw_mount(None, &fd_path(&target), None, flags, None)
+    }
+}
+
+/// The magic link of a descriptor.
+pub fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+fn ms_flags(flags: Flags) -> libc::c_ulong {
+    let mut out = 0;
+    if flags.nosuid {
+        out |= libc::MS_NOSUID;
+    }
+    if flags.nodev {
+        out |= libc::MS_NODEV;
+    }
+    if flags.noexec {
+        out |= libc::MS_NOEXEC;
+    }
+    out
+}
+
+/// The per-mount flags of the mount holding `fd`; a remount inside a user
+/// namespace must repeat them or the kernel refuses it.
+fn locked_flags(fd: &OwnedFd) -> Result<libc::c_ulong, Errno> {
+    let stat = rustix::fs::fstatvfs(fd)?;
+    let f = stat.f_flag;
+    let mut out = 0;
+    for (st, ms) in [
+        (rustix::fs::StatVfsMountFlags::RDONLY, libc::MS_RDONLY),
+        (rustix::fs::StatVfsMountFlags::NOSUID, libc::MS_NOSUID),
+        (rustix::fs::StatVfsMountFlags::NODEV, libc::MS_NODEV),
+        (rustix::fs::StatVfsMountFlags::NOEXEC, libc::MS_NOEXEC),
+        (rustix::fs::StatVfsMountFlags::NOATIME, libc::MS_NOATIME),
+        (rustix::fs::StatVfsMountFlags::NODIRATIME, libc::MS_NODIRATIME),
+        (rustix::fs::StatVfsMountFlags::RELATIME, libc::MS_RELATIME),
+    ] {
+        if f.contains(st) {
+            out |= ms;
+        }
+    }
+    Ok(out)
+}
+
+/// mount(2) with optional strings.
+pub fn raw_mount(
+    source: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), Errno> {
+    let cstr = |s: &str| CString::new(s).map_err(|_| Errno::INVAL);
+    let source = source.map(cstr).transpose()?;
+    let target = cstr(target)?;
+    let fstype = fstype.map(cstr).transpose()?;
+    let data = data.map(cstr).transpose()?;
+    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is either null (allowed by mount(2) for source,
+    // fstype and data) or points at a NUL-terminated CString that outlives
+    // the call; the kernel only reads them.
+    let rc = unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)))
+    }
+}
+
+impl RootfsSys for RootDir {
+    type Error = SetupError;
+
+    fn mkdir(&mut self, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), SetupError> {
+        self.mkdir_all(path).map_err(fail("mkdir", path))?;
+        let dir = self
+            .resolve(path, OFlags::RDONLY | OFlags::DIRECTORY)
+            .map_err(fail("open dir", path))?;
+        fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(fail("chown", path))?;
+        fchmod(&dir, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
+    }
+
+    fn symlink(&mut self, path: &str, target: &str) -> Result<(), SetupError> {
+        let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
+        match symlinkat(target, &parent, name) {
+            Ok(()) | Err(Errno::EXIST) => Ok(()),
+            Err(e) => Err(fail("symlink", path)(e)),
+        }
+    }
+
+    fn write_file(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), SetupError> {
+        let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let file = match openat(&parent, name, flags, Mode::from_raw_mode(mode)) {
+            // A template's file may be a symlink; replace it rather than follow it.
+            Err(Errno::LOOP) => {
+                unlinkat(&parent, name, AtFlags::empty()).map_err(fail("replace", path))?;
+                openat(&parent, name, flags, Mode::from_raw_mode(mode))
+            }
+            other => other,
+        }
+        .map_err(fail("create", path))?;
+        let mut written = 0;
+        while written < contents.len() {
+            written += rustix::io::write(&file, &contents[written..]).map_err(fail("write", path))?;
+        }
+        fchmod(&file, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
+    }
+
+    fn bind_host(
+        &mut self,
+        source: &Path,
+        path: &str,
+        kind: NodeKind,
+        read_only: bool,
+        flags: Flags,
+    ) -> Result<(), SetupError> {
+        match kind {
+            NodeKind::Dir => self.mkdir_all(path).map_err(fail("create mount point", path))?,
+            NodeKind::File => {
+                if let Some((dir, _)) = path.rsplit_once('/') {
+                    self.mkdir_all(dir).map_err(fail("create mount point", path))?;
+                }
+                let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
+                match openat(
+                    &parent,
+                    name,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o644),
+                ) {
+                    Ok(_) | Err(Errno::ISDIR) | Err(Errno::LOOP) => {}
+                    Err(e) => return Err(fail("create mount point", path)(e)),
+                }
+            }
+        }
+        let source = match self.sources.link(source) {
+            Some(link) => link,
+            None => source.to_str().ok_or(Errno::INVAL).map_err(fail("bind", path))?.to_owned(),
+        };
+        self.mount_on(Some(&source), path, None, libc::MS_BIND, None)
+            .map_err(fail("bind", path))?;
+        self.remount(path, read_only, flags).map_err(fail("remount", path))
+    }
+
+    fn mount_fs(&mut self, fstype: &str, path: &str, options: &str, flags: Flags) -> Result<(), SetupError> {
+        let data = if options.is_empty() { None } else { Some(options) };
+        self.mount_on(Some(fstype), path, Some(fstype), ms_flags(flags), data)
+            .map_err(fail("mount", path))
+    }
+
+    fn exists(&mut self, path: &str) -> bool {
+        self.resolve(path, OFlags::PATH).is_ok()
+    }
+
+    fn mask_file(&mut self, path: &str) -> Result<(), SetupError> {
+        self.mount_on(Some("/dev/null"), path, None, libc::MS_BIND, None)
+            .map_err(fail("mask", path))
+    }
+
+    fn read_only(&mut self, path: &str) -> Result<(), SetupError> {
+        let target = self.resolve(path, OFlags::PATH).map_err(fail("open", path))?;
+        let target_path = fd_path(&target);
+        raw_mount(
+            Some(&target_path),
+            &target_path,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(fail("bind", path))?;
+        self.remount(path, true, Flags::default()).map_err(fail("remount read-only", path))
+    }
+}

@@ -1,0 +1,573 @@
+//! Starting and tearing down a sandbox of the process tier.
+//!
+//! The launcher (host side, root) prepares everything that can fail on bad
+//! input first, takes a uid slot and a cgroup, then clones the sandbox init
+//! into new user, pid, mount, network, IPC and UTS namespaces. While the
+//! child waits on a pipe, the launcher writes its uid/gid maps (the slot's
+//! private range: root inside is an unprivileged uid outside) and moves it
+//! into the cgroup. The child then enters a new cgroup namespace, builds the
+//! root filesystem from the [`rootfs`](crate::rootfs) plan, pivots into it,
+//! brings up loopback, and finally, in this order, sets no_new_privs,
+//! installs the seccomp filter, restricts writes with Landlock and execs the
+//! agent from a descriptor of the launcher's own binary (nothing of the host
+//! filesystem is reachable by path from inside).
+//!
+//! Everything the sandbox holds on the host (the cgroup, the slot record,
+//! the init process) is released by [`Jail::teardown`], which is idempotent
+//! and also runs on drop. Mounts live only in the sandbox's own mount
+//! namespace and vanish with its last process.
+
+use crate::cgroup::{CgroupError, CgroupLayout, CgroupLimits, CgroupStats, SandboxCgroup};
+use crate::kernel::{raw_mount, HostSources, RootDir};
+use crate::rootfs::{self, HostEntry, HostFacts, NodeKind, RootfsPlan, SHARED_ETC, SYSTEM_ENTRIES};
+use crate::runtime::{RuntimeDir, RuntimeError, Slot, SlotRecord, UIDS_PER_SANDBOX};
+use crate::{landlock as ll, seccomp};
+use airlock_policy::{SandboxSpec, SpecError, Template};
+use std::ffi::CString;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The sandbox could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("template directory {0} does not exist or is not a directory")]
+    TemplateMissing(PathBuf),
+    #[error("template directory {0} has a comma, colon or backslash in its path, which overlayfs cannot take")]
+    TemplatePathUnsupported(PathBuf),
+    #[error("mount source {0} does not exist")]
+    MountSourceMissing(PathBuf),
+    #[error("the process tier needs root: it maps a private uid range per sandbox and creates cgroups")]
+    NotRoot,
+    #[error("a sandbox must be launched from a single-threaded process")]
+    NotSingleThreaded,
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("the seccomp filter could not be built")]
+    Seccomp(#[source] seccomp::SeccompError),
+    #[error("cannot {0}")]
+    Io(&'static str, #[source] io::Error),
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+}
+
+impl LaunchError {
+    /// True when the caller's input was at fault (the CLI exits 2, the API
+    /// answers 4xx); false for host-side failures.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            LaunchError::Spec(_)
+                | LaunchError::TemplateMissing(_)
+                | LaunchError::TemplatePathUnsupported(_)
+                | LaunchError::MountSourceMissing(_)
+        )
+    }
+}
+
+/// A running sandbox of the process tier, seen from the host.
+#[derive(Debug)]
+pub struct Jail {
+    id: String,
+    init_pid: i32,
+    cgroup: SandboxCgroup,
+    slot: Option<Slot>,
+    channel: Option<UnixStream>,
+    reaped: bool,
+    torn_down: bool,
+}
+
+/// File descriptor number the agent's end of the channel has inside.
+const AGENT_FD: RawFd = 3;
+
+/// Everything the child needs, prepared before the clone so the child only
+/// runs straight-line code.
+struct ChildContext<'a> {
+    id: &'a str,
+    rootfs: &'a RootfsPlan,
+    stage: PathBuf,
+    template_dir: Option<&'a Path>,
+    disk_bytes: u64,
+    go_read: OwnedFd,
+    err_write: OwnedFd,
+    agent_end: OwnedFd,
+    exe: OwnedFd,
+    argv: Vec<CString>,
+    seccomp: seccompiler::BpfProgram,
+    landlock: ll::LandlockCompat,
+}
+
+impl Jail {
+    /// Starts a sandbox for `spec` and returns once its agent is exec'd.
+    /// Must be called from a single-threaded process: the child runs Rust
+    /// code between clone and exec.
+    pub fn launch(spec: &SandboxSpec, runtime: &RuntimeDir) -> Result<Jail, LaunchError> {
+        spec.validate()?;
+        if let Template::Dir { path } = &spec.template {
+            if !path.is_dir() {
+                return Err(LaunchError::TemplateMissing(path.clone()));
+            }
+            if path.to_string_lossy().contains([',', ':', '\\']) {
+                return Err(LaunchError::TemplatePathUnsupported(path.clone()));
+            }
+        }
+        for mount in &spec.mounts {
+            if mount.source.symlink_metadata().is_err() {
+                return Err(LaunchError::MountSourceMissing(mount.source.clone()));
+            }
+        }
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::NotRoot);
+        }
+        if !single_threaded() {
+            return Err(LaunchError::NotSingleThreaded);
+        }
+        let layout = CgroupLayout::detect()?;
+        runtime.prepare()?;
+        runtime.sweep(Some(&layout));
+
+        let id = new_sandbox_id();
+        let rootfs = rootfs::plan(spec, &HostFacts::gather(), &id);
+        let program = seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?;
+
+        let mut slot = runtime.acquire_slot(random_u32())?;
+        slot.record(&SlotRecord {
+            id: id.clone(),
+            launcher_pid: std::process::id(),
+        })?;
+        let cgroup = match SandboxCgroup::create(
+            layout,
+            &id,
+            CgroupLimits {
+                memory_bytes: spec.limits.memory_bytes,
+                cpu_millis: spec.limits.cpu_millis,
+                pids: spec.limits.pids,
+            },
+        ) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                slot.release();
+                return Err(e.into());
+            }
+        };
+        let mut jail = Jail {
+            id,
+            init_pid: 0,
+            cgroup,
+            slot: Some(slot),
+            channel: None,
+            reaped: true,
+            torn_down: false,
+        };
+        // On any error below, dropping `jail` tears down what exists so far.
+        jail.start(spec, &rootfs, runtime, program)?;
+        Ok(jail)
+    }
+
+    fn start(
+        &mut self,
+        spec: &SandboxSpec,
+        rootfs: &RootfsPlan,
+        runtime: &RuntimeDir,
+        seccomp: seccompiler::BpfProgram,
+    ) -> Result<(), LaunchError> {
+        let (host_end, agent_end) = UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
+        let (go_read, go_write) = pipe()?;
+        let (err_read, err_write) = pipe()?;
+        let exe = fs::File::open("/proc/self/exe").map_err(|e| LaunchError::Io("open the airlock binary", e))?;
+        let template_dir = match &spec.template {
+            Template::Dir { path } => Some(path.as_path()),
+            Template::Host => None,
+        };
+        let argv = ["airlock", "agent", "--fd", "3"]
+            .iter()
+            .map(|s| CString::new(*s).map_err(|e| LaunchError::Io("build the agent command line", e.into())))
+            .collect::<Result<Vec<_>, _>>()?;
+        let context = ChildContext {
+            id: &self.id,
+            rootfs,
+            stage: runtime.stage(),
+            template_dir,
+            disk_bytes: spec.limits.disk_bytes,
+            go_read,
+            err_write,
+            agent_end: agent_end.into(),
+            exe: exe.into(),
+            argv,
+            seccomp,
+            landlock: if spec.security.unsafe_allow_no_landlock {
+                ll::LandlockCompat::UnsafeBestEffort
+            } else {
+                ll::LandlockCompat::Required
+            },
+        };
+        let flags = libc::CLONE_NEWUSER
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWNET
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS;
+        // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
+        // like fork(2): the child gets a copy-on-write copy of this address
+        // space and continues here. The process is single-threaded (checked
+        // in `launch`), so no lock (allocator included) can be held by a
+        // thread that does not exist in the child; the child only runs
+        // `child_main`, which never returns (it execs or `_exit`s).
+        let pid = unsafe { libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+        if pid < 0 {
+            return Err(LaunchError::Io("clone the sandbox init", io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            drop(go_write);
+            drop(err_read);
+            drop(host_end);
+            child_main(context);
+        }
+        self.init_pid = pid as i32;
+        self.reaped = false;
+        drop(context);
+
+        let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
+        let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
+        fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(|e| LaunchError::Io("write the uid map", e))?;
+        fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(|e| LaunchError::Io("write the gid map", e))?;
+        self.cgroup.add_process(self.init_pid as u32)?;
+        let mut go_write = fs::File::from(go_write);
+        go_write.write_all(b"g").map_err(|e| LaunchError::Io("start the sandbox init", e))?;
+        drop(go_write);
+
+        let mut message = String::new();
+        let _ = fs::File::from(err_read).read_to_string(&mut message);
+        if !message.is_empty() {
+            return Err(LaunchError::Setup(message));
+        }
+        if let Ok(Some(status)) = rustix::process::waitpid(
+            rustix::process::Pid::from_raw(self.init_pid),
+            rustix::process::WaitOptions::NOHANG,
+        ) {
+            self.reaped = true;
+            return Err(LaunchError::Setup(format!("the sandbox init died during setup ({status:?})")));
+        }
+        host_end.set_nonblocking(false).map_err(|e| LaunchError::Io("configure the agent channel", e))?;
+        self.channel = Some(host_end);
+        Ok(())
+    }
+
+    /// The sandbox id (also its hostname).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The host pid of the sandbox init (the agent).
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// The host end of the agent channel; `None` after it was taken.
+    pub fn take_channel(&mut self) -> Option<UnixStream> {
+        self.channel.take()
+    }
+
+    /// Usage figures of the sandbox's cgroup.
+    pub fn stats(&self) -> CgroupStats {
+        self.cgroup.stats()
+    }
+
+    /// Kills every process of the sandbox at once (SIGKILL to its init takes
+    /// the whole pid namespace down; the cgroup catches anything else).
+    pub fn kill(&self) {
+        if !self.reaped && self.init_pid > 0 {
+            // SAFETY: kill(2) has no memory-safety preconditions. `init_pid`
+            // is our own unreaped child, so the pid cannot have been reused.
+            unsafe {
+                libc::kill(self.init_pid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// Releases everything the sandbox holds on the host. Idempotent.
+    pub fn teardown(&mut self) -> Result<(), LaunchError> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.channel = None;
+        self.kill();
+        if !self.reaped && self.init_pid > 0 {
+            let _ = rustix::process::waitpid(
+                rustix::process::Pid::from_raw(self.init_pid),
+                rustix::process::WaitOptions::empty(),
+            );
+            self.reaped = true;
+        }
+        self.cgroup.kill_all(Duration::from_secs(10))?;
+        self.cgroup.remove()?;
+        if let Some(slot) = self.slot.take() {
+            slot.release();
+        }
+        self.torn_down = true;
+        Ok(())
+    }
+}
+
+impl Drop for Jail {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| LaunchError::Io("create a pipe", e.into()))
+}
+
+fn single_threaded() -> bool {
+    fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.split_whitespace().eq(["Threads:", "1"])))
+        .unwrap_or(false)
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
+    bytes
+}
+
+fn random_u32() -> u32 {
+    u32::from_ne_bytes(random_bytes::<4>())
+}
+
+/// `sbx-` and 16 random hex digits.
+pub fn new_sandbox_id() -> String {
+    let mut id = String::from("sbx-");
+    for byte in random_bytes::<8>() {
+        id.push_str(&format!("{byte:02x}"));
+    }
+    id
+}
+
+impl HostFacts {
+    /// Reads what the `host` template needs to know about this host.
+    pub fn gather() -> HostFacts {
+        let mut facts = HostFacts::default();
+        for name in SYSTEM_ENTRIES {
+            let path = Path::new("/").join(name);
+            let Ok(meta) = path.symlink_metadata() else {
+                continue;
+            };
+            if meta.file_type().is_symlink() {
+                if let Ok(target) = fs::read_link(&path) {
+                    facts
+                        .system_entries
+                        .push(((*name).into(), HostEntry::Symlink(target.to_string_lossy().into_owned())));
+                }
+            } else if meta.is_dir() {
+                facts.system_entries.push(((*name).into(), HostEntry::Dir));
+            }
+        }
+        for name in SHARED_ETC {
+            // Only real files and directories: a symlink could point anywhere.
+            if let Ok(meta) = Path::new("/etc").join(name).symlink_metadata() {
+                if meta.is_dir() {
+                    facts.shared_etc.push(((*name).into(), NodeKind::Dir));
+                } else if meta.is_file() {
+                    facts.shared_etc.push(((*name).into(), NodeKind::File));
+                }
+            }
+        }
+        facts.localtime = fs::read_link("/etc/localtime")
+            .ok()
+            .map(|t| t.to_string_lossy().into_owned());
+        facts
+    }
+}
+
+/// The sandbox init between clone and exec. Never returns.
+fn child_main(context: ChildContext<'_>) -> ! {
+    let err = context.err_write.as_raw_fd();
+    let message = match child_setup(&context) {
+        Ok(never) => match never {},
+        Err(message) => message,
+    };
+    // SAFETY: `err` is the write end of the error pipe, still open (it is
+    // only closed by exec); the buffer is valid for its length. `_exit`
+    // skips atexit handlers and destructors that belong to the launcher.
+    unsafe {
+        libc::write(err, message.as_ptr().cast(), message.len());
+        libc::_exit(125);
+    }
+}
+
+fn step<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> Result<T, String> {
+    result.map_err(|e| format!("{what}: {e}"))
+}
+
+fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, String> {
+    use rustix::process::{Gid, Uid};
+    use rustix::thread::{set_no_new_privs, UnshareFlags};
+    // Wait until the launcher has written our uid/gid maps and cgroup. EOF
+    // means it died: give up.
+    let mut byte = [0u8; 1];
+    let read = step("wait for the launcher", rustix::io::read(&context.go_read, &mut byte))?;
+    if read != 1 {
+        return Err("the launcher went away".into());
+    }
+    // Open host paths while our credentials are still the launcher's.
+    let mut host_paths: Vec<&Path> = context
+        .rootfs
+        .ops
+        .iter()
+        .filter_map(|op| match op {
+            rootfs::SetupOp::BindHost { source, .. } => Some(source.as_path()),
+            _ => None,
+        })
+        .collect();
+    if let Some(template) = context.template_dir {
+        host_paths.push(template);
+    }
+    let sources = step("open host paths", HostSources::open(host_paths))?;
+    step("setgroups", rustix::thread::set_thread_groups(&[Gid::ROOT]))?;
+    step("setresgid", rustix::thread::set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT))?;
+    step("setresuid", rustix::thread::set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT))?;
+    // Set after the uid change, which would clear it. If the launcher dies,
+    // the sandbox dies with it.
+    step(
+        "set the parent-death signal",
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
+    )?;
+    // SAFETY: unshare(2) only changes this process's namespace membership.
+    step("unshare the cgroup namespace", unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP) })?;
+    step("set the hostname", rustix::system::sethostname(context.id.as_bytes()))?;
+
+    // Mounts from here on are private to this mount namespace.
+    step("make mounts private", raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None))?;
+    let stage = context.stage.to_string_lossy().into_owned();
+    step(
+        "mount the writable layer",
+        raw_mount(
+            Some("airlock"),
+            &stage,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            Some(&format!("size={},mode=0755", context.disk_bytes)),
+        ),
+    )?;
+    let new_root = match context.template_dir {
+        None => stage.clone(),
+        Some(template) => {
+            for dir in ["upper", "work", "root"] {
+                step("create the overlay dirs", fs::create_dir(format!("{stage}/{dir}")))?;
+            }
+            let lower = sources.link(template).ok_or("the template directory was not opened")?;
+            let options = format!("lowerdir={lower},upperdir={stage}/upper,workdir={stage}/work,userxattr");
+            let root = format!("{stage}/root");
+            step(
+                "mount the template overlay",
+                raw_mount(Some("overlay"), &root, Some("overlay"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options)),
+            )?;
+            root
+        }
+    };
+    let mut root = step("open the new root", RootDir::open(Path::new(&new_root), sources))?;
+    step("build the root filesystem", rootfs::apply(context.rootfs, &mut root))?;
+    drop(root);
+    step("bring up loopback", loopback_up())?;
+
+    step("enter the new root", std::env::set_current_dir(&new_root))?;
+    step("pivot_root", rustix::process::pivot_root(".", "."))?;
+    step("detach the old root", rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH))?;
+    step("enter /", std::env::set_current_dir("/"))?;
+
+    // The agent's stdio is /dev/null of the sandbox: no host terminal inside.
+    let null = step("open /dev/null", fs::OpenOptions::new().read(true).write(true).open("/dev/null"))?;
+    for fd in 0..3 {
+        // SAFETY: dup2 onto 0..2 replaces this process's stdio; `null` stays
+        // open for the duration of the call.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(format!("redirect stdio: {}", io::Error::last_os_error()));
+        }
+    }
+    drop(null);
+    let core = rustix::process::Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    step("set RLIMIT_CORE", rustix::process::setrlimit(rustix::process::Resource::Core, core))?;
+
+    // Put the agent channel on fd 3 and make every other descriptor
+    // close-on-exec: no host descriptor survives into the sandbox.
+    // SAFETY: dup2 onto AGENT_FD; the source is an open descriptor we own.
+    if unsafe { libc::dup2(context.agent_end.as_raw_fd(), AGENT_FD) } < 0 {
+        return Err(format!("place the agent channel: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our
+    // own descriptors; nothing is closed yet.
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } < 0 {
+        return Err(format!("mark descriptors close-on-exec: {}", io::Error::last_os_error()));
+    }
+    // SAFETY: clears FD_CLOEXEC on the agent channel only.
+    if unsafe { libc::fcntl(AGENT_FD, libc::F_SETFD, 0) } < 0 {
+        return Err(format!("keep the agent channel: {}", io::Error::last_os_error()));
+    }
+
+    // Enforcement, in this order: no_new_privs, seccomp, landlock, exec.
+    step("set no_new_privs", set_no_new_privs(true))?;
+    step("install the seccomp filter", seccomp::install(&context.seccomp))?;
+    let writable: Vec<&Path> = context.rootfs.writable.iter().map(Path::new).filter(|p| p.exists()).collect();
+    step("restrict writes with landlock", ll::restrict_writes(&writable, context.landlock))?;
+
+    let mut argv: Vec<*const libc::c_char> = context.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // SAFETY: `exe` is an open descriptor of the airlock binary; argv and
+    // envp are null-terminated arrays of pointers to NUL-terminated strings
+    // owned by `context`, alive for the call. On success this never returns.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            context.exe.as_raw_fd(),
+            c"".as_ptr(),
+            argv.as_ptr(),
+            envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+    }
+    Err(format!("exec the agent: {}", io::Error::last_os_error()))
+}
+
+/// Sets IFF_UP on `lo`, the only interface of the sandbox.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket(2) returns a new descriptor or -1; ownership is taken
+    // right away so it is closed on every path.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in
+    // `request` into `request`, which is a valid, writable ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the union member `ifru_flags` was just filled by the kernel.
+    unsafe {
+        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads `request`, a valid ifreq naming `lo`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

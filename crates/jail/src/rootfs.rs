@@ -1,0 +1,546 @@
+//! The sandbox's root filesystem as a plan of setup steps.
+//!
+//! [`plan`] is a pure function from the spec (and a few facts about the host)
+//! to a list of [`SetupOp`]s; [`apply`] runs them against a [`RootfsSys`],
+//! which is the kernel in a sandbox and a recording fake in tests. Every path
+//! in an op is relative to the new root and is resolved beneath it by
+//! descriptor (`openat2(RESOLVE_IN_ROOT)`), never by joining strings, so a
+//! symlink planted in a template cannot send a mount or a write to a host path.
+
+use airlock_policy::{SandboxSpec, Template};
+use std::path::PathBuf;
+
+/// uid and gid of `user` inside the sandbox.
+pub const USER_ID: u32 = 1000;
+/// Home of `user` and the default working directory.
+pub const USER_HOME: &str = "/home/user";
+
+/// Mount flags the plan uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Flags {
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+}
+
+const NOSUID_NOEXEC: Flags = Flags {
+    nosuid: true,
+    nodev: false,
+    noexec: true,
+};
+const HARDENED: Flags = Flags {
+    nosuid: true,
+    nodev: true,
+    noexec: true,
+};
+
+/// Whether a host path to bind is a directory or a single file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    Dir,
+    File,
+}
+
+/// One step of building the root. Paths are relative to the new root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupOp {
+    /// Creates a directory (and missing parents with 0755 root) unless it
+    /// exists, then sets owner and mode.
+    Mkdir { path: String, mode: u32, uid: u32, gid: u32 },
+    /// Creates a symlink holding `target`.
+    Symlink { path: String, target: String },
+    /// Creates or replaces a regular file.
+    WriteFile { path: String, contents: String, mode: u32 },
+    /// Binds a host path, creating the mount point.
+    BindHost {
+        source: PathBuf,
+        path: String,
+        kind: NodeKind,
+        read_only: bool,
+        flags: Flags,
+    },
+    /// Mounts a tmpfs with the given options.
+    Tmpfs { path: String, options: String, flags: Flags },
+    /// Mounts a fresh procfs of the sandbox's pid namespace.
+    Proc { path: String },
+    /// Mounts a private devpts instance.
+    Devpts { path: String },
+    /// Hides a file by binding /dev/null over it, when it exists.
+    MaskFile { path: String },
+    /// Hides a directory under an empty read-only tmpfs, when it exists.
+    MaskDir { path: String },
+    /// Makes an existing path (and what is mounted below it) a read-only
+    /// mount, when it exists.
+    ReadOnly { path: String },
+}
+
+/// Facts about the host the plan depends on, gathered before planning.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HostFacts {
+    /// Top-level system entries of the host (`usr`, `bin`, `lib`, ...) as
+    /// directories or symlinks (merged-/usr hosts link `bin` to `usr/bin`).
+    pub system_entries: Vec<(String, HostEntry)>,
+    /// Host `/etc` files and directories that are safe to share read-only and
+    /// exist here (loader cache, alternatives, CA certificates).
+    pub shared_etc: Vec<(String, NodeKind)>,
+    /// Target of the host's `/etc/localtime` symlink.
+    pub localtime: Option<String>,
+}
+
+/// A top-level host entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostEntry {
+    Dir,
+    Symlink(String),
+}
+
+/// Top-level host directories the `host` template shares read-only.
+pub const SYSTEM_ENTRIES: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// Host `/etc` entries the `host` template shares read-only: none hold secrets.
+pub const SHARED_ETC: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl/certs",
+    "ca-certificates",
+];
+/// Device nodes a sandbox gets, bound from the host.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// procfs files hidden behind /dev/null.
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "proc/kcore",
+    "proc/keys",
+    "proc/timer_list",
+    "proc/sched_debug",
+    "proc/latency_stats",
+    "proc/kallsyms",
+    "proc/kpagecount",
+    "proc/kpageflags",
+    "proc/kpagecgroup",
+    "proc/config.gz",
+];
+/// procfs directories hidden behind an empty tmpfs.
+pub const PROC_MASKED_DIRS: &[&str] = &["proc/acpi", "proc/scsi", "proc/asound"];
+/// procfs paths made read-only.
+pub const PROC_READ_ONLY: &[&str] = &["proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"];
+
+/// The root filesystem plan and the paths Landlock lets the sandbox write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootfsPlan {
+    pub ops: Vec<SetupOp>,
+    /// Absolute sandbox paths that stay writable (Landlock rules).
+    pub writable: Vec<String>,
+}
+
+fn mkdir(path: &str, mode: u32, owner: u32) -> SetupOp {
+    SetupOp::Mkdir {
+        path: path.to_owned(),
+        mode,
+        uid: owner,
+        gid: owner,
+    }
+}
+
+/// Builds the setup plan for `spec`. `hostname` goes into /etc/hostname and
+/// /etc/hosts.
+pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan {
+    let mut ops = Vec::new();
+    let mut writable: Vec<String> = Vec::new();
+    let host_template = matches!(spec.template, Template::Host);
+
+    if host_template {
+        for (name, entry) in &facts.system_entries {
+            ops.push(match entry {
+                HostEntry::Dir => SetupOp::BindHost {
+                    source: PathBuf::from("/").join(name),
+                    path: name.clone(),
+                    kind: NodeKind::Dir,
+                    read_only: true,
+                    flags: Flags {
+                        nosuid: true,
+                        nodev: true,
+                        noexec: false,
+                    },
+                },
+                HostEntry::Symlink(target) => SetupOp::Symlink {
+                    path: name.clone(),
+                    target: target.clone(),
+                },
+            });
+        }
+        ops.push(mkdir("etc", 0o755, 0));
+        for (file, contents) in generated_etc(hostname) {
+            ops.push(SetupOp::WriteFile {
+                path: format!("etc/{file}"),
+                contents,
+                mode: 0o644,
+            });
+        }
+        if let Some(target) = &facts.localtime {
+            ops.push(SetupOp::Symlink {
+                path: "etc/localtime".into(),
+                target: target.clone(),
+            });
+        }
+        for (name, kind) in &facts.shared_etc {
+            ops.push(SetupOp::BindHost {
+                source: PathBuf::from("/etc").join(name),
+                path: format!("etc/{name}"),
+                kind: *kind,
+                read_only: true,
+                flags: HARDENED,
+            });
+        }
+        ops.push(SetupOp::ReadOnly { path: "etc".into() });
+    } else {
+        // A template brings its own /etc; only the identity of this sandbox is written.
+        ops.push(mkdir("etc", 0o755, 0));
+        for (file, contents) in generated_etc(hostname) {
+            if file == "hostname" || file == "hosts" {
+                ops.push(SetupOp::WriteFile {
+                    path: format!("etc/{file}"),
+                    contents,
+                    mode: 0o644,
+                });
+            }
+        }
+        writable.push("/".into());
+    }
+
+    ops.extend([
+        mkdir("root", 0o700, 0),
+        mkdir("home", 0o755, 0),
+        mkdir("home/user", 0o755, USER_ID),
+        mkdir("tmp", 0o1777, 0),
+        mkdir("var", 0o755, 0),
+        mkdir("var/tmp", 0o1777, 0),
+        mkdir("run", 0o755, 0),
+        mkdir("mnt", 0o755, 0),
+        mkdir("mnt/user-data", 0o755, 0),
+        mkdir("mnt/user-data/uploads", 0o755, USER_ID),
+        mkdir("mnt/user-data/workspace", 0o755, USER_ID),
+        mkdir("mnt/user-data/outputs", 0o755, USER_ID),
+        mkdir("mnt/skills", 0o755, 0),
+        mkdir("mnt/skills/public", 0o755, 0),
+        mkdir("mnt/skills/custom", 0o755, 0),
+    ]);
+    if host_template {
+        writable.extend(
+            ["/root", "/home/user", "/tmp", "/var/tmp", "/run", "/mnt/user-data"]
+                .iter()
+                .map(|p| p.to_string()),
+        );
+    }
+
+    for mount in &spec.mounts {
+        let kind = if mount.source.is_dir() {
+            NodeKind::Dir
+        } else {
+            NodeKind::File
+        };
+        ops.push(SetupOp::BindHost {
+            source: mount.source.clone(),
+            path: mount.target.trim_start_matches('/').to_owned(),
+            kind,
+            read_only: mount.read_only,
+            flags: Flags {
+                nosuid: true,
+                nodev: true,
+                noexec: false,
+            },
+        });
+        if !mount.read_only {
+            writable.push(mount.target.clone());
+        }
+    }
+
+    ops.push(mkdir("proc", 0o555, 0));
+    ops.push(SetupOp::Proc { path: "proc".into() });
+    ops.extend(PROC_MASKED_FILES.iter().map(|p| SetupOp::MaskFile { path: (*p).into() }));
+    ops.extend(PROC_MASKED_DIRS.iter().map(|p| SetupOp::MaskDir { path: (*p).into() }));
+    ops.extend(PROC_READ_ONLY.iter().map(|p| SetupOp::ReadOnly { path: (*p).into() }));
+
+    ops.push(mkdir("dev", 0o755, 0));
+    ops.push(SetupOp::Tmpfs {
+        path: "dev".into(),
+        options: "mode=0755,size=64k".into(),
+        flags: NOSUID_NOEXEC,
+    });
+    for device in DEVICES {
+        ops.push(SetupOp::BindHost {
+            source: PathBuf::from("/dev").join(device),
+            path: format!("dev/{device}"),
+            kind: NodeKind::File,
+            read_only: false,
+            flags: NOSUID_NOEXEC,
+        });
+    }
+    ops.push(mkdir("dev/pts", 0o755, 0));
+    ops.push(SetupOp::Devpts { path: "dev/pts".into() });
+    ops.push(SetupOp::Symlink {
+        path: "dev/ptmx".into(),
+        target: "pts/ptmx".into(),
+    });
+    ops.push(mkdir("dev/shm", 0o1777, 0));
+    let shm_size = (spec.limits.memory_bytes / 2).clamp(1 << 20, 64 << 20);
+    ops.push(SetupOp::Tmpfs {
+        path: "dev/shm".into(),
+        options: format!("mode=1777,size={shm_size}"),
+        flags: HARDENED,
+    });
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ops.push(SetupOp::Symlink {
+            path: format!("dev/{name}"),
+            target: target.into(),
+        });
+    }
+    ops.push(SetupOp::ReadOnly { path: "dev".into() });
+    if host_template {
+        writable.extend(
+            DEVICES
+                .iter()
+                .map(|d| format!("/dev/{d}"))
+                .chain(["/dev/pts".to_string(), "/dev/shm".to_string()]),
+        );
+    }
+
+    RootfsPlan { ops, writable }
+}
+
+/// The generated `/etc` of the `host` template: identities and names only.
+fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "passwd",
+            "root:x:0:0:root:/root:/bin/bash\n\
+             user:x:1000:1000:user:/home/user:/bin/bash\n\
+             nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+                .into(),
+        ),
+        (
+            "group",
+            "root:x:0:\ntty:x:5:\nusers:x:100:user\nuser:x:1000:\nnogroup:x:65534:\n".into(),
+        ),
+        ("hostname", format!("{hostname}\n")),
+        (
+            "hosts",
+            format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
+        ),
+        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n".into()),
+        // Kept tiny on purpose: every `bash -l -c` reads it, so it must cost nothing.
+        (
+            "profile",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n".into(),
+        ),
+    ]
+}
+
+/// Kernel operations the plan needs, relative to the new root.
+pub trait RootfsSys {
+    type Error;
+    fn mkdir(&mut self, path: &str, mode: u32, uid: u32, gid: u32) -> Result<(), Self::Error>;
+    fn symlink(&mut self, path: &str, target: &str) -> Result<(), Self::Error>;
+    fn write_file(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), Self::Error>;
+    fn bind_host(
+        &mut self,
+        source: &std::path::Path,
+        path: &str,
+        kind: NodeKind,
+        read_only: bool,
+        flags: Flags,
+    ) -> Result<(), Self::Error>;
+    fn mount_fs(&mut self, fstype: &str, path: &str, options: &str, flags: Flags) -> Result<(), Self::Error>;
+    fn exists(&mut self, path: &str) -> bool;
+    fn mask_file(&mut self, path: &str) -> Result<(), Self::Error>;
+    fn read_only(&mut self, path: &str) -> Result<(), Self::Error>;
+}
+
+/// Runs the plan's ops in order.
+pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Error> {
+    for op in &plan.ops {
+        match op {
+            SetupOp::Mkdir { path, mode, uid, gid } => sys.mkdir(path, *mode, *uid, *gid)?,
+            SetupOp::Symlink { path, target } => sys.symlink(path, target)?,
+            SetupOp::WriteFile { path, contents, mode } => sys.write_file(path, contents.as_bytes(), *mode)?,
+            SetupOp::BindHost {
+                source,
+                path,
+                kind,
+                read_only,
+                flags,
+            } => sys.bind_host(source, path, *kind, *read_only, *flags)?,
+            SetupOp::Tmpfs { path, options, flags } => sys.mount_fs("tmpfs", path, options, *flags)?,
+            SetupOp::Proc { path } => sys.mount_fs("proc", path, "", HARDENED)?,
+            SetupOp::Devpts { path } => sys.mount_fs(
+                "devpts",
+                path,
+                "newinstance,ptmxmode=0666,mode=0620,gid=5",
+                NOSUID_NOEXEC,
+            )?,
+            SetupOp::MaskFile { path } => {
+                if sys.exists(path) {
+                    sys.mask_file(path)?;
+                }
+            }
+            SetupOp::MaskDir { path } => {
+                if sys.exists(path) {
+                    sys.mount_fs("tmpfs", path, "size=0,mode=0555", HARDENED)?;
+                    sys.read_only(path)?;
+                }
+            }
+            SetupOp::ReadOnly { path } => {
+                if sys.exists(path) {
+                    sys.read_only(path)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use airlock_policy::BindMount;
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            system_entries: vec![
+                ("usr".into(), HostEntry::Dir),
+                ("bin".into(), HostEntry::Symlink("usr/bin".into())),
+            ],
+            shared_etc: vec![("ld.so.cache".into(), NodeKind::File)],
+            localtime: None,
+        }
+    }
+
+    /// Records every call; `exists` answers from a fixed list.
+    #[derive(Default)]
+    struct Recorder {
+        calls: Vec<String>,
+        present: Vec<&'static str>,
+    }
+
+    impl RootfsSys for Recorder {
+        type Error = ();
+        fn mkdir(&mut self, path: &str, mode: u32, uid: u32, _gid: u32) -> Result<(), ()> {
+            self.calls.push(format!("mkdir {path} {mode:o} {uid}"));
+            Ok(())
+        }
+        fn symlink(&mut self, path: &str, target: &str) -> Result<(), ()> {
+            self.calls.push(format!("symlink {path} -> {target}"));
+            Ok(())
+        }
+        fn write_file(&mut self, path: &str, _contents: &[u8], _mode: u32) -> Result<(), ()> {
+            self.calls.push(format!("write {path}"));
+            Ok(())
+        }
+        fn bind_host(&mut self, source: &std::path::Path, path: &str, _k: NodeKind, ro: bool, _f: Flags) -> Result<(), ()> {
+            self.calls.push(format!("bind {} {path} ro={ro}", source.display()));
+            Ok(())
+        }
+        fn mount_fs(&mut self, fstype: &str, path: &str, _o: &str, _f: Flags) -> Result<(), ()> {
+            self.calls.push(format!("mount {fstype} {path}"));
+            Ok(())
+        }
+        fn exists(&mut self, path: &str) -> bool {
+            self.present.contains(&path)
+        }
+        fn mask_file(&mut self, path: &str) -> Result<(), ()> {
+            self.calls.push(format!("mask {path}"));
+            Ok(())
+        }
+        fn read_only(&mut self, path: &str) -> Result<(), ()> {
+            self.calls.push(format!("ro {path}"));
+            Ok(())
+        }
+    }
+
+    fn position(calls: &[String], call: &str) -> usize {
+        calls.iter().position(|c| c == call).unwrap_or_else(|| panic!("no `{call}` in {calls:#?}"))
+    }
+
+    #[test]
+    fn host_template_shares_system_dirs_read_only_and_generates_etc() {
+        let plan = plan(&SandboxSpec::default(), &facts(), "sbx-1");
+        let mut rec = Recorder {
+            present: vec!["proc/kcore", "proc/sys"],
+            ..Default::default()
+        };
+        apply(&plan, &mut rec).unwrap();
+        let calls = &rec.calls;
+        position(calls, "bind /usr usr ro=true");
+        position(calls, "symlink bin -> usr/bin");
+        position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true");
+        // /etc is made read-only after everything inside it exists.
+        assert!(position(calls, "write etc/passwd") < position(calls, "ro etc"));
+        assert!(position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true") < position(calls, "ro etc"));
+        // Sensitive procfs entries are masked only after procfs is mounted.
+        assert!(position(calls, "mount proc proc") < position(calls, "mask proc/kcore"));
+        position(calls, "ro proc/sys");
+        assert!(!calls.iter().any(|c| c == "mask proc/keys"), "absent paths are skipped");
+        // /dev is read-only after its nodes are bound.
+        assert!(position(calls, "bind /dev/null dev/null ro=false") < position(calls, "ro dev"));
+        position(calls, "mkdir home/user 755 1000");
+        position(calls, "mkdir tmp 1777 0");
+        assert!(plan.writable.contains(&"/home/user".to_string()));
+        assert!(!plan.writable.iter().any(|w| w == "/" || w == "/usr" || w == "/etc"));
+    }
+
+    #[test]
+    fn generated_etc_has_no_secrets() {
+        let plan = plan(&SandboxSpec::default(), &facts(), "sbx-1");
+        for op in &plan.ops {
+            if let SetupOp::WriteFile { path, contents, .. } = op {
+                assert!(!path.contains("shadow") && !path.contains("ssh") && !path.contains("resolv"), "{path}");
+                assert!(!contents.contains("$6$"));
+            }
+            if let SetupOp::BindHost { source, .. } = op {
+                let s = source.to_string_lossy();
+                assert!(!s.contains("shadow") && !s.contains("ssh") && !s.contains("private"), "{s}");
+            }
+        }
+        let hosts = plan
+            .ops
+            .iter()
+            .find_map(|op| match op {
+                SetupOp::WriteFile { path, contents, .. } if path == "etc/hosts" => Some(contents.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert!(hosts.contains("sbx-1"));
+    }
+
+    #[test]
+    fn dir_template_writes_root_and_keeps_its_etc() {
+        let mut spec = SandboxSpec::default();
+        spec.template = Template::Dir { path: "/srv/rootfs".into() };
+        let plan = plan(&spec, &facts(), "sbx-2");
+        assert!(plan.writable.contains(&"/".to_string()));
+        assert!(!plan.ops.iter().any(|op| matches!(op, SetupOp::BindHost { source, .. } if source == &PathBuf::from("/usr"))));
+        assert!(!plan.ops.iter().any(|op| matches!(op, SetupOp::WriteFile { path, .. } if path == "etc/passwd")));
+    }
+
+    #[test]
+    fn user_mounts_follow_their_mode() {
+        let mut spec = SandboxSpec::default();
+        spec.mounts = vec![
+            BindMount::parse("/srv/in:/mnt/in:ro").unwrap(),
+            BindMount::parse("/srv/out:/mnt/out").unwrap(),
+        ];
+        let plan = plan(&spec, &facts(), "sbx-3");
+        let mut rec = Recorder::default();
+        apply(&plan, &mut rec).unwrap();
+        position(&rec.calls, "bind /srv/in mnt/in ro=true");
+        position(&rec.calls, "bind /srv/out mnt/out ro=false");
+        assert!(plan.writable.contains(&"/mnt/out".to_string()));
+        assert!(!plan.writable.contains(&"/mnt/in".to_string()));
+    }
+}
