@@ -91,13 +91,20 @@ mod tests {
             (libc::EIO, ErrorKind::Io),
         ];
         for (errno, kind) in cases {
-            assert_eq!(kind_of(&io::Error::from_raw_os_error(errno)), kind, "{errno}");
+            assert_eq!(
+                kind_of(&io::Error::from_raw_os_error(errno)),
+                kind,
+                "{errno}"
+            );
         }
     }
 
     #[test]
     fn message_has_no_errno_suffix() {
-        let failure = Failure::io("cannot read /x", &io::Error::from_raw_os_error(libc::ENOENT));
+        let failure = Failure::io(
+            "cannot read /x",
+            &io::Error::from_raw_os_error(libc::ENOENT),
+        );
         assert_eq!(failure.message, "cannot read /x: No such file or directory");
         assert_eq!(failure.kind, ErrorKind::NotFound);
     }

@@ -357,9 +357,8 @@ impl Files {
     pub(crate) async fn stat(&self, path: &str) -> Result<Event, Failure> {
         let path = self.resolve(path)?;
         blocking(move || {
-            let meta = fs::symlink_metadata(&path).map_err(|error| {
-                Failure::io(format!("cannot stat {}", path.display()), &error)
-            })?;
+            let meta = fs::symlink_metadata(&path)
+                .map_err(|error| Failure::io(format!("cannot stat {}", path.display()), &error))?;
             Ok(Event::Stat(file_info(&path, &meta)))
         })
         .await
@@ -368,7 +367,9 @@ impl Files {
     /// Handles `list_dir`.
     pub(crate) async fn list_dir(&self, path: &str, depth: u32) -> Result<Event, Failure> {
         if depth == 0 {
-            return Err(Failure::invalid("the depth of a listing must be at least 1"));
+            return Err(Failure::invalid(
+                "the depth of a listing must be at least 1",
+            ));
         }
         let path = self.resolve(path)?;
         blocking(move || list(&path, depth).map(|entries| Event::Entries { entries })).await
@@ -398,12 +399,14 @@ impl Files {
         let from = self.resolve(from)?;
         let to = self.resolve(to)?;
         blocking(move || {
-            fs::rename(&from, &to).map(|()| Event::Done).map_err(|error| {
-                Failure::io(
-                    format!("cannot rename {} to {}", from.display(), to.display()),
-                    &error,
-                )
-            })
+            fs::rename(&from, &to)
+                .map(|()| Event::Done)
+                .map_err(|error| {
+                    Failure::io(
+                        format!("cannot rename {} to {}", from.display(), to.display()),
+                        &error,
+                    )
+                })
         })
         .await
     }
@@ -543,15 +546,15 @@ mod tests {
     #[test]
     fn resolve_refuses_nul_and_empty() {
         let files = Files::new(PathBuf::from("/home/user"), false);
-        assert_eq!(
-            files.resolve("a").unwrap(),
-            PathBuf::from("/home/user/a")
-        );
+        assert_eq!(files.resolve("a").unwrap(), PathBuf::from("/home/user/a"));
         assert_eq!(
             files.resolve("a\0b").unwrap_err().kind,
             ErrorKind::InvalidArgument
         );
-        assert_eq!(files.resolve("").unwrap_err().kind, ErrorKind::InvalidArgument);
+        assert_eq!(
+            files.resolve("").unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
     }
 
     #[test]

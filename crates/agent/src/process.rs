@@ -253,7 +253,10 @@ fn launch(plan: Launch) -> Result<Launched, Failure> {
         }
         Err(error) => {
             return Err(Failure::io(
-                format!("the working directory {} cannot be used", plan.cwd.display()),
+                format!(
+                    "the working directory {} cannot be used",
+                    plan.cwd.display()
+                ),
                 &error,
             ))
         }
@@ -355,8 +358,14 @@ impl Processes {
         let pid = launched.pid;
         let ended = self.reaper.register(pid);
 
-        let stdout = launched.stdout.map(pipe::Receiver::from_owned_fd).transpose();
-        let stderr = launched.stderr.map(pipe::Receiver::from_owned_fd).transpose();
+        let stdout = launched
+            .stdout
+            .map(pipe::Receiver::from_owned_fd)
+            .transpose();
+        let stderr = launched
+            .stderr
+            .map(pipe::Receiver::from_owned_fd)
+            .transpose();
         let stdin = launched.stdin.map(pipe::Sender::from_owned_fd).transpose();
         let (stdout, stderr, stdin) = match (stdout, stderr, stdin) {
             (Ok(stdout), Ok(stderr), Ok(stdin)) => (stdout, stderr, stdin),
@@ -565,9 +574,9 @@ impl Processes {
             Stdin::Closed => Err(Failure::invalid(format!(
                 "the stdin of process {pid} is already closed"
             ))),
-            Stdin::Open { tx, .. } => tx
-                .send(StdinOp { id, data: None })
-                .map_err(|_| Failure::invalid(format!("the stdin of process {pid} is already closed"))),
+            Stdin::Open { tx, .. } => tx.send(StdinOp { id, data: None }).map_err(|_| {
+                Failure::invalid(format!("the stdin of process {pid} is already closed"))
+            }),
         }
     }
 
@@ -581,10 +590,7 @@ impl Processes {
         match kill_group(pid, signal) {
             Ok(()) => Ok(Event::Done),
             Err(error) if error.raw_os_error() == Some(libc::ESRCH) => Err(not_running(pid)),
-            Err(error) => Err(Failure::io(
-                format!("cannot signal process {pid}"),
-                &error,
-            )),
+            Err(error) => Err(Failure::io(format!("cannot signal process {pid}"), &error)),
         }
     }
 

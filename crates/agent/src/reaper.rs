@@ -103,7 +103,10 @@ impl Reaper {
         let (tx, rx) = oneshot::channel();
         let mut state = locked(&self.state);
         if let Some(at) = state.unclaimed.iter().position(|(p, _)| *p == pid) {
-            let ended = state.unclaimed.remove(at).map_or(Ended::Unknown, |(_, e)| e);
+            let ended = state
+                .unclaimed
+                .remove(at)
+                .map_or(Ended::Unknown, |(_, e)| e);
             let _ = tx.send(ended);
             return rx;
         }

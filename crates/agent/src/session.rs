@@ -79,9 +79,8 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
     if config.drop_privileges {
         // Sandboxed code (even its root) must not ptrace the agent or read
         // its /proc entries. Best effort: failure leaves the default.
-        let _ = rustix::process::set_dumpable_behavior(
-            rustix::process::DumpableBehavior::NotDumpable,
-        );
+        let _ =
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     }
     ignore_sigpipe();
 
@@ -165,7 +164,10 @@ impl Session {
             Ok(request) => request,
             Err(error) => {
                 self.outbox
-                    .fail(id, Failure::invalid(format!("the request is not valid: {error}")))
+                    .fail(
+                        id,
+                        Failure::invalid(format!("the request is not valid: {error}")),
+                    )
                     .await;
                 return;
             }
@@ -244,7 +246,10 @@ impl Session {
                 create_parents,
                 append,
                 owner,
-            } => self.open_write(id, &path, mode, create_parents, append, owner).await,
+            } => {
+                self.open_write(id, &path, mode, create_parents, append, owner)
+                    .await
+            }
             Request::WriteData => match self.writes.get(&id) {
                 Some(WriteSlot::Open(tx)) => {
                     // An error ends the task's interest; the frame is dropped.
@@ -260,9 +265,9 @@ impl Session {
                 Some(WriteSlot::Refused) => {}
                 None => self.no_write(id).await,
             },
-            Request::Stat { path } => self.file_task(id, move |files| async move {
-                files.stat(&path).await
-            }),
+            Request::Stat { path } => {
+                self.file_task(id, move |files| async move { files.stat(&path).await })
+            }
             Request::ListDir { path, depth } => self.file_task(id, move |files| async move {
                 files.list_dir(&path, depth).await
             }),
@@ -277,9 +282,12 @@ impl Session {
             Request::Remove { path, recursive } => self.file_task(id, move |files| async move {
                 files.remove(&path, recursive).await
             }),
-            Request::Rename { from, to } => self.file_task(id, move |files| async move {
-                files.rename(&from, &to).await
-            }),
+            Request::Rename { from, to } => {
+                self.file_task(
+                    id,
+                    move |files| async move { files.rename(&from, &to).await },
+                )
+            }
         }
     }
 

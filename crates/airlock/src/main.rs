@@ -11,7 +11,11 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 pub const EXIT_INTERNAL: u8 = 125;
 
 #[derive(Parser)]
-#[command(name = "airlock", version, about = "Sandboxes for untrusted, model-generated code")]
+#[command(
+    name = "airlock",
+    version,
+    about = "Sandboxes for untrusted, model-generated code"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -20,7 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one command in a fresh, ephemeral sandbox and tear it down.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// The in-sandbox agent (PID 1 of every sandbox). Not for direct use.
     #[command(hide = true)]
     Agent {
@@ -44,7 +48,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Run(args) => run::main(args),
+        Command::Run(args) => run::main(*args),
         Command::Agent { fd } => agent(fd),
     }
 }

@@ -3,9 +3,13 @@
 use crate::{EXIT_BAD_INPUT, EXIT_INTERNAL};
 use airlock_jail::runtime::RuntimeDir;
 use airlock_jail::Jail;
-use airlock_policy::{parse_cpus, parse_duration, parse_size, BindMount, RunAs, SandboxSpec, Template};
+use airlock_policy::{
+    parse_cpus, parse_duration, parse_size, BindMount, Limits, RunAs, SandboxSpec, Security,
+    Template,
+};
 use airlock_protocol::{
-    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, Request, SpawnRequest, PROTOCOL_VERSION,
+    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, Request,
+    SpawnRequest, PROTOCOL_VERSION,
 };
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -30,7 +34,12 @@ pub struct RunArgs {
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     memory: String,
     /// CPU quota in CPUs.
-    #[arg(long, default_value = "1", value_name = "N", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        default_value = "1",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
     cpus: String,
     /// Maximum number of processes and threads.
     #[arg(long, default_value_t = airlock_policy::DEFAULT_PIDS, value_name = "N")]
@@ -98,40 +107,54 @@ struct RunResult {
 
 /// Input that cannot be run, reported as one line with exit code 2.
 fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
-    let mut spec = SandboxSpec::default();
-    spec.template = match args.template.as_str() {
+    let err = |e: airlock_policy::ParseError| e.to_string();
+    let template = match args.template.as_str() {
         "host" => Template::Host,
         dir => Template::Dir {
             path: std::path::absolute(dir).map_err(|e| format!("template `{dir}`: {e}"))?,
         },
     };
-    let err = |e: airlock_policy::ParseError| e.to_string();
-    spec.limits.memory_bytes = parse_size(&args.memory).map_err(err)?;
-    spec.limits.cpu_millis = parse_cpus(&args.cpus).map_err(err)?;
-    spec.limits.pids = args.pids;
-    spec.limits.disk_bytes = parse_size(&args.disk).map_err(err)?;
-    spec.limits.nofile = args.nofile;
-    spec.limits.output_bytes = parse_size(&args.output_limit).map_err(err)?;
-    spec.timeout_ms = u64::try_from(parse_duration(&args.timeout).map_err(err)?.as_millis()).unwrap_or(u64::MAX);
+    let limits = Limits {
+        memory_bytes: parse_size(&args.memory).map_err(err)?,
+        cpu_millis: parse_cpus(&args.cpus).map_err(err)?,
+        pids: args.pids,
+        disk_bytes: parse_size(&args.disk).map_err(err)?,
+        nofile: args.nofile,
+        output_bytes: parse_size(&args.output_limit).map_err(err)?,
+    };
+    let timeout = parse_duration(&args.timeout).map_err(err)?;
+    let mut env = BTreeMap::new();
     for pair in &args.env {
         let (key, value) = pair
             .split_once('=')
             .ok_or_else(|| format!("--env `{pair}` is not K=V"))?;
-        spec.env.insert(key.to_owned(), value.to_owned());
+        env.insert(key.to_owned(), value.to_owned());
     }
-    spec.cwd = args.cwd.clone();
-    spec.user = match args.user {
-        UserArg::User => RunAs::User,
-        UserArg::Root => RunAs::Root,
-    };
+    let mut mounts = Vec::new();
     for mount in &args.mounts {
         let mut parsed = BindMount::parse(mount).map_err(|e| e.to_string())?;
         if parsed.source.is_relative() {
-            parsed.source = std::path::absolute(&parsed.source).map_err(|e| format!("mount `{mount}`: {e}"))?;
+            parsed.source =
+                std::path::absolute(&parsed.source).map_err(|e| format!("mount `{mount}`: {e}"))?;
         }
-        spec.mounts.push(parsed);
+        mounts.push(parsed);
     }
-    spec.security.unsafe_allow_no_landlock = args.unsafe_allow_no_landlock;
+    let spec = SandboxSpec {
+        template,
+        limits,
+        mounts,
+        env,
+        cwd: args.cwd.clone(),
+        user: match args.user {
+            UserArg::User => RunAs::User,
+            UserArg::Root => RunAs::Root,
+        },
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        security: Security {
+            unsafe_allow_no_landlock: args.unsafe_allow_no_landlock,
+        },
+        ..SandboxSpec::default()
+    };
     spec.validate().map_err(|e| e.to_string())?;
     Ok(spec)
 }
@@ -151,7 +174,11 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(jail) => jail,
         Err(e) => {
             eprintln!("airlock: error: {}", error_chain(&e));
-            return ExitCode::from(if e.is_bad_input() { EXIT_BAD_INPUT } else { EXIT_INTERNAL });
+            return ExitCode::from(if e.is_bad_input() {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_INTERNAL
+            });
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -180,7 +207,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         eprintln!("airlock: error: teardown failed: {}", error_chain(&e));
         return ExitCode::from(EXIT_INTERNAL);
     }
-    if stats.oom_kills > 0 && outcome.status.signal == Some(libc::SIGKILL) {
+    // The sandbox lives for this one command, so any OOM kill in it is this
+    // command's (the victim may be a child, with the shell exiting 137).
+    if stats.oom_kills > 0 {
         outcome.status.oom = true;
     }
     let code = outcome.status.shell_code();
@@ -207,9 +236,17 @@ pub fn main(args: RunArgs) -> ExitCode {
             }
         }
     } else if outcome.status.timed_out {
-        eprintln!("airlock: sandbox {} killed at its {} timeout", jail.id(), args.timeout);
+        eprintln!(
+            "airlock: sandbox {} killed at its {} timeout",
+            jail.id(),
+            args.timeout
+        );
     } else if outcome.status.oom {
-        eprintln!("airlock: sandbox {} ran out of memory ({} limit)", jail.id(), args.memory);
+        eprintln!(
+            "airlock: sandbox {} ran out of memory ({} limit)",
+            jail.id(),
+            args.memory
+        );
     }
     ExitCode::from((code & 0xff) as u8)
 }
@@ -255,7 +292,8 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
     channel
         .set_nonblocking(true)
         .map_err(|e| format!("cannot use the agent channel: {e}"))?;
-    let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| format!("cannot use the agent channel: {e}"))?;
+    let stream = tokio::net::UnixStream::from_std(channel)
+        .map_err(|e| format!("cannot use the agent channel: {e}"))?;
     let (mut reader, mut writer) = stream.into_split();
 
     let (tx, mut rx) = mpsc::channel::<Frame<Request>>(16);
@@ -268,10 +306,20 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
     });
     let send = |frame: Frame<Request>| {
         let tx = tx.clone();
-        async move { tx.send(frame).await.map_err(|_| "the agent channel closed".to_string()) }
+        async move {
+            tx.send(frame)
+                .await
+                .map_err(|_| "the agent channel closed".to_string())
+        }
     };
 
-    send(Frame::new(1, Request::Hello { version: PROTOCOL_VERSION })).await?;
+    send(Frame::new(
+        1,
+        Request::Hello {
+            version: PROTOCOL_VERSION,
+        },
+    ))
+    .await?;
     send(Frame::new(
         SPAWN_ID,
         Request::Spawn(SpawnRequest {
@@ -385,7 +433,11 @@ async fn forward_stdin(tx: mpsc::Sender<Frame<Request>>, pid: u32) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 if tx
-                    .send(Frame::with_payload(3, Request::WriteStdin { pid }, buffer[..n].to_vec()))
+                    .send(Frame::with_payload(
+                        3,
+                        Request::WriteStdin { pid },
+                        buffer[..n].to_vec(),
+                    ))
                     .await
                     .is_err()
                 {
@@ -423,4 +475,3 @@ impl Signals {
         }
     }
 }
-

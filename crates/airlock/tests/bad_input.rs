@@ -9,7 +9,12 @@ fn snapshot() -> Vec<String> {
     let mut items = Vec::new();
     for controller in ["memory", "cpu", "cpuacct", "pids"] {
         if let Ok(entries) = std::fs::read_dir(format!("/sys/fs/cgroup/{controller}/airlock")) {
-            items.extend(entries.flatten().filter(|e| e.path().is_dir()).map(|e| e.path().display().to_string()));
+            items.extend(
+                entries
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.path().display().to_string()),
+            );
         }
     }
     if let Ok(entries) = std::fs::read_dir("/run/airlock/slots") {
@@ -29,7 +34,11 @@ fn assert_refused(args: &[&str], needle: &str) {
     let out = run(args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "args {args:?}: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line, got: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "one line, got: {stderr}"
+    );
     assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
     assert!(out.stdout.is_empty());
     assert_eq!(snapshot(), before, "bad input left something behind");
@@ -37,7 +46,10 @@ fn assert_refused(args: &[&str], needle: &str) {
 
 #[test]
 fn missing_template_dir() {
-    assert_refused(&["--template", "/nonexistent/rootfs", "--", "true"], "/nonexistent/rootfs");
+    assert_refused(
+        &["--template", "/nonexistent/rootfs", "--", "true"],
+        "/nonexistent/rootfs",
+    );
 }
 
 #[test]
@@ -57,7 +69,10 @@ fn unknown_flag() {
 
 #[test]
 fn missing_mount_source() {
-    assert_refused(&["--mount", "/nonexistent/src:/mnt/x", "--", "true"], "/nonexistent/src");
+    assert_refused(
+        &["--mount", "/nonexistent/src:/mnt/x", "--", "true"],
+        "/nonexistent/src",
+    );
 }
 
 #[test]

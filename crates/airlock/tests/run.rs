@@ -10,7 +10,12 @@ use std::os::unix::fs::PermissionsExt;
 fn echo_streams_stdout_and_exits_zero() {
     let out = run(&["--", "echo", "hello"]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
-    assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -22,7 +27,10 @@ fn stderr_is_streamed_separately() {
 
 #[test]
 fn python_runs() {
-    let value = sh_json(&[], "python3 -c 'import sys; print(sys.version_info[0] * 7)'");
+    let value = sh_json(
+        &[],
+        "python3 -c 'import sys; print(sys.version_info[0] * 7)'",
+    );
     assert_eq!(stdout(&value), "21\n");
     assert_eq!(exit_code(&value), 0);
 }
@@ -53,12 +61,21 @@ fn stdin_is_passed_through() {
     let data: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
     let out = run_with_stdin(&["--", "cat"], Some(&data));
     assert_eq!(out.status.code(), Some(0));
-    assert!(out.stdout == data, "stdin came back changed ({} bytes)", out.stdout.len());
+    assert!(
+        out.stdout == data,
+        "stdin came back changed ({} bytes)",
+        out.stdout.len()
+    );
 }
 
 #[test]
 fn large_output_streams_completely() {
-    let out = run(&["--", "/bin/sh", "-c", "head -c 5000000 /dev/zero | tr '\\0' a"]);
+    let out = run(&[
+        "--",
+        "/bin/sh",
+        "-c",
+        "head -c 5000000 /dev/zero | tr '\\0' a",
+    ]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(out.stdout.len(), 5_000_000);
     assert!(out.stdout.iter().all(|&b| b == b'a'));
@@ -68,7 +85,10 @@ fn large_output_streams_completely() {
 fn environment_is_not_inherited() {
     let value = sh_json(&["--env", "GREETING=hi there"], "env");
     let env = stdout(&value);
-    assert!(!env.contains("AIRLOCK_TEST_HOST_SECRET"), "host env leaked: {env}");
+    assert!(
+        !env.contains("AIRLOCK_TEST_HOST_SECRET"),
+        "host env leaked: {env}"
+    );
     assert!(env.contains("GREETING=hi there"));
     assert!(env.contains("HOME=/home/user"));
 }
@@ -93,9 +113,18 @@ fn root_is_root_only_inside() {
     let text = stdout(&value);
     let mut lines = text.lines();
     assert_eq!(lines.next(), Some("0"));
-    let map: Vec<u64> = lines.next().unwrap().split_whitespace().map(|n| n.parse().unwrap()).collect();
+    let map: Vec<u64> = lines
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
     assert_eq!(map[0], 0);
-    assert!(map[1] >= u64::from(UID_BASE), "root inside maps to host uid {}", map[1]);
+    assert!(
+        map[1] >= u64::from(UID_BASE),
+        "root inside maps to host uid {}",
+        map[1]
+    );
     assert_eq!(map[2], 65536);
 }
 
@@ -104,7 +133,11 @@ fn read_only_mount() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(dir.path().join("input.txt"), "from host\n").unwrap();
-    std::fs::set_permissions(dir.path().join("input.txt"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("input.txt"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
     let mount = format!("{}:/mnt/data:ro", dir.path().display());
     let value = sh_json(
         &["--mount", &mount, "--user", "root"],
@@ -119,9 +152,15 @@ fn read_write_mount() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let mount = format!("{}:/mnt/out", dir.path().display());
-    let value = sh_json(&["--mount", &mount], "echo result > /mnt/out/answer.txt && echo ok");
+    let value = sh_json(
+        &["--mount", &mount],
+        "echo result > /mnt/out/answer.txt && echo ok",
+    );
     assert_eq!(stdout(&value), "ok\n");
-    assert_eq!(std::fs::read_to_string(dir.path().join("answer.txt")).unwrap(), "result\n");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("answer.txt")).unwrap(),
+        "result\n"
+    );
 }
 
 #[test]
@@ -165,7 +204,10 @@ fn login_shell_starts() {
 #[test]
 fn directory_template_with_busybox() {
     let busybox = std::path::Path::new("/bin/busybox");
-    assert!(busybox.exists(), "the busybox-static package is needed for template tests (CI installs it)");
+    assert!(
+        busybox.exists(),
+        "the busybox-static package is needed for template tests (CI installs it)"
+    );
     let template = tempfile::tempdir().unwrap();
     std::fs::set_permissions(template.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let bin = template.path().join("bin");
@@ -179,6 +221,13 @@ fn directory_template_with_busybox() {
         &["--template", path, "--user", "root"],
         "echo from-template; touch /newfile && echo root-writable; ls /bin/busybox",
     );
-    assert_eq!(stdout(&value), "from-template\nroot-writable\n/bin/busybox\n", "{value}");
-    assert!(!template.path().join("newfile").exists(), "writes must go to the private upper layer");
+    assert_eq!(
+        stdout(&value),
+        "from-template\nroot-writable\n/bin/busybox\n",
+        "{value}"
+    );
+    assert!(
+        !template.path().join("newfile").exists(),
+        "writes must go to the private upper layer"
+    );
 }

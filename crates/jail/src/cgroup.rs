@@ -73,7 +73,8 @@ impl CgroupLayout {
         let table = fs::read_to_string("/proc/self/mountinfo").map_err(CgroupError::MountTable)?;
         let layout = Self::from_mountinfo(&table).ok_or(CgroupError::NoHierarchy)?;
         if let CgroupLayout::V2 { root } = &layout {
-            let controllers = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+            let controllers =
+                fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
             let has = |name: &str| controllers.split_whitespace().any(|c| c == name);
             if !(has("memory") && has("cpu") && has("pids")) {
                 return Err(CgroupError::NoHierarchy);
@@ -183,7 +184,11 @@ impl SandboxCgroup {
 
     /// Creates the cgroup and sets its limits. On error, whatever was created
     /// is removed again.
-    pub fn create(layout: CgroupLayout, name: &str, limits: CgroupLimits) -> Result<SandboxCgroup, CgroupError> {
+    pub fn create(
+        layout: CgroupLayout,
+        name: &str,
+        limits: CgroupLimits,
+    ) -> Result<SandboxCgroup, CgroupError> {
         let cgroup = SandboxCgroup::existing(layout, name);
         if let Err(e) = cgroup.create_dirs().and_then(|()| cgroup.apply(limits)) {
             let _ = cgroup.remove();
@@ -220,7 +225,10 @@ impl SandboxCgroup {
                 memory, cpu, pids, ..
             } => {
                 let memory = memory.join(PARENT).join(&self.name);
-                write(&memory.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
+                write(
+                    &memory.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
                 let memsw = memory.join("memory.memsw.limit_in_bytes");
                 if memsw.exists() {
                     write(&memsw, &limits.memory_bytes.to_string())?;
@@ -302,7 +310,10 @@ impl SandboxCgroup {
         let num = |path: PathBuf| read(path).trim().parse::<u64>().ok();
         let keyed = |text: &str, key: &str| {
             text.lines()
-                .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse::<u64>().ok()))
+                .find_map(|l| {
+                    l.strip_prefix(key)
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
                 .unwrap_or(0)
         };
         match &self.layout {
@@ -316,8 +327,12 @@ impl SandboxCgroup {
                 CgroupStats {
                     oom_kills: keyed(&read(memory.join("memory.oom_control")), "oom_kill "),
                     peak_memory_bytes: num(memory.join("memory.max_usage_in_bytes")),
-                    cpu_time_ns: num(cpuacct.join(PARENT).join(&self.name).join("cpuacct.usage")).unwrap_or(0),
-                    pids_limit_hits: keyed(&read(pids.join(PARENT).join(&self.name).join("pids.events")), "max "),
+                    cpu_time_ns: num(cpuacct.join(PARENT).join(&self.name).join("cpuacct.usage"))
+                        .unwrap_or(0),
+                    pids_limit_hits: keyed(
+                        &read(pids.join(PARENT).join(&self.name).join("pids.events")),
+                        "max ",
+                    ),
                 }
             }
             CgroupLayout::V2 { root } => {
@@ -432,9 +447,14 @@ mod tests {
         let table = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(
             CgroupLayout::from_mountinfo(table),
-            Some(CgroupLayout::V2 { root: "/sys/fs/cgroup".into() })
+            Some(CgroupLayout::V2 {
+                root: "/sys/fs/cgroup".into()
+            })
         );
-        assert_eq!(CgroupLayout::from_mountinfo("1 0 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            CgroupLayout::from_mountinfo("1 0 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 
     #[test]

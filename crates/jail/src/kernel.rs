@@ -9,8 +9,8 @@
 
 use crate::rootfs::{Flags, NodeKind, RootfsSys};
 use rustix::fs::{
-    fchmod, fchown, mkdirat, openat, openat2, symlinkat, unlinkat, AtFlags, Gid, Mode, OFlags, ResolveFlags, Uid,
-    CWD,
+    fchmod, fchown, mkdirat, openat, openat2, symlinkat, unlinkat, AtFlags, Gid, Mode, OFlags,
+    ResolveFlags, Uid, CWD,
 };
 use rustix::io::Errno;
 use std::ffi::CString;
@@ -57,7 +57,10 @@ impl HostSources {
 
     /// The `/proc/self/fd` link of an opened path, or the path itself.
     pub fn link(&self, path: &Path) -> Option<String> {
-        self.opened.iter().find(|(p, _)| p == path).map(|(_, fd)| fd_path(fd))
+        self.opened
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, fd)| fd_path(fd))
     }
 }
 
@@ -171,7 +174,10 @@ fn locked_flags(fd: &OwnedFd) -> Result<libc::c_ulong, Errno> {
         (rustix::fs::StatVfsMountFlags::NODEV, libc::MS_NODEV),
         (rustix::fs::StatVfsMountFlags::NOEXEC, libc::MS_NOEXEC),
         (rustix::fs::StatVfsMountFlags::NOATIME, libc::MS_NOATIME),
-        (rustix::fs::StatVfsMountFlags::NODIRATIME, libc::MS_NODIRATIME),
+        (
+            rustix::fs::StatVfsMountFlags::NODIRATIME,
+            libc::MS_NODIRATIME,
+        ),
         (rustix::fs::StatVfsMountFlags::RELATIME, libc::MS_RELATIME),
     ] {
         if f.contains(st) {
@@ -210,7 +216,11 @@ pub fn raw_mount(
     if rc == 0 {
         Ok(())
     } else {
-        Err(Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)))
+        Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ))
     }
 }
 
@@ -222,7 +232,8 @@ impl RootfsSys for RootDir {
         let dir = self
             .resolve(path, OFlags::RDONLY | OFlags::DIRECTORY)
             .map_err(fail("open dir", path))?;
-        fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(fail("chown", path))?;
+        fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
+            .map_err(fail("chown", path))?;
         fchmod(&dir, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
     }
 
@@ -236,7 +247,8 @@ impl RootfsSys for RootDir {
 
     fn write_file(&mut self, path: &str, contents: &[u8], mode: u32) -> Result<(), SetupError> {
         let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let file = match openat(&parent, name, flags, Mode::from_raw_mode(mode)) {
             // A template's file may be a symlink; replace it rather than follow it.
             Err(Errno::LOOP) => {
@@ -248,7 +260,8 @@ impl RootfsSys for RootDir {
         .map_err(fail("create", path))?;
         let mut written = 0;
         while written < contents.len() {
-            written += rustix::io::write(&file, &contents[written..]).map_err(fail("write", path))?;
+            written +=
+                rustix::io::write(&file, &contents[written..]).map_err(fail("write", path))?;
         }
         fchmod(&file, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
     }
@@ -262,10 +275,13 @@ impl RootfsSys for RootDir {
         flags: Flags,
     ) -> Result<(), SetupError> {
         match kind {
-            NodeKind::Dir => self.mkdir_all(path).map_err(fail("create mount point", path))?,
+            NodeKind::Dir => self
+                .mkdir_all(path)
+                .map_err(fail("create mount point", path))?,
             NodeKind::File => {
                 if let Some((dir, _)) = path.rsplit_once('/') {
-                    self.mkdir_all(dir).map_err(fail("create mount point", path))?;
+                    self.mkdir_all(dir)
+                        .map_err(fail("create mount point", path))?;
                 }
                 let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
                 match openat(
@@ -281,15 +297,30 @@ impl RootfsSys for RootDir {
         }
         let source = match self.sources.link(source) {
             Some(link) => link,
-            None => source.to_str().ok_or(Errno::INVAL).map_err(fail("bind", path))?.to_owned(),
+            None => source
+                .to_str()
+                .ok_or(Errno::INVAL)
+                .map_err(fail("bind", path))?
+                .to_owned(),
         };
         self.mount_on(Some(&source), path, None, libc::MS_BIND, None)
             .map_err(fail("bind", path))?;
-        self.remount(path, read_only, flags).map_err(fail("remount", path))
+        self.remount(path, read_only, flags)
+            .map_err(fail("remount", path))
     }
 
-    fn mount_fs(&mut self, fstype: &str, path: &str, options: &str, flags: Flags) -> Result<(), SetupError> {
-        let data = if options.is_empty() { None } else { Some(options) };
+    fn mount_fs(
+        &mut self,
+        fstype: &str,
+        path: &str,
+        options: &str,
+        flags: Flags,
+    ) -> Result<(), SetupError> {
+        let data = if options.is_empty() {
+            None
+        } else {
+            Some(options)
+        };
         self.mount_on(Some(fstype), path, Some(fstype), ms_flags(flags), data)
             .map_err(fail("mount", path))
     }
@@ -304,7 +335,9 @@ impl RootfsSys for RootDir {
     }
 
     fn read_only(&mut self, path: &str) -> Result<(), SetupError> {
-        let target = self.resolve(path, OFlags::PATH).map_err(fail("open", path))?;
+        let target = self
+            .resolve(path, OFlags::PATH)
+            .map_err(fail("open", path))?;
         let target_path = fd_path(&target);
         raw_mount(
             Some(&target_path),
@@ -314,6 +347,7 @@ impl RootfsSys for RootDir {
             None,
         )
         .map_err(fail("bind", path))?;
-        self.remount(path, true, Flags::default()).map_err(fail("remount read-only", path))
+        self.remount(path, true, Flags::default())
+            .map_err(fail("remount read-only", path))
     }
 }

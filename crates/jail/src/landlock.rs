@@ -26,8 +26,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, ABI,
+    AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, ABI,
 };
 
 /// The Landlock ABI whose write rights are handled: 3, the first with both
@@ -211,7 +211,10 @@ pub fn restrict_writes(
             source: errno.into(),
         })?;
         let is_dir = rustix::fs::FileType::from_raw_mode(stat.st_mode).is_dir();
-        rules.push(PathBeneath::new(fd, if is_dir { access } else { file_access }));
+        rules.push(PathBeneath::new(
+            fd,
+            if is_dir { access } else { file_access },
+        ));
     }
 
     let level = match compat {
@@ -268,10 +271,22 @@ mod tests {
 
     #[test]
     fn status_follows_the_kernel_abi() {
-        assert_eq!(KernelSupport::NotBuilt.write_status(), LandlockStatus::NotEnforced);
-        assert_eq!(KernelSupport::Disabled.write_status(), LandlockStatus::NotEnforced);
-        assert_eq!(KernelSupport::Abi(1).write_status(), LandlockStatus::Partial);
-        assert_eq!(KernelSupport::Abi(2).write_status(), LandlockStatus::Partial);
+        assert_eq!(
+            KernelSupport::NotBuilt.write_status(),
+            LandlockStatus::NotEnforced
+        );
+        assert_eq!(
+            KernelSupport::Disabled.write_status(),
+            LandlockStatus::NotEnforced
+        );
+        assert_eq!(
+            KernelSupport::Abi(1).write_status(),
+            LandlockStatus::Partial
+        );
+        assert_eq!(
+            KernelSupport::Abi(2).write_status(),
+            LandlockStatus::Partial
+        );
         assert_eq!(KernelSupport::Abi(3).write_status(), LandlockStatus::Full);
         assert_eq!(KernelSupport::Abi(7).write_status(), LandlockStatus::Full);
     }

@@ -42,7 +42,9 @@ pub enum LaunchError {
     TemplatePathUnsupported(PathBuf),
     #[error("mount source {0} does not exist")]
     MountSourceMissing(PathBuf),
-    #[error("the process tier needs root: it maps a private uid range per sandbox and creates cgroups")]
+    #[error(
+        "the process tier needs root: it maps a private uid range per sandbox and creates cgroups"
+    )]
     NotRoot,
     #[error("a sandbox must be launched from a single-threaded process")]
     NotSingleThreaded,
@@ -178,17 +180,22 @@ impl Jail {
         runtime: &RuntimeDir,
         seccomp: seccompiler::BpfProgram,
     ) -> Result<(), LaunchError> {
-        let (host_end, agent_end) = UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
+        let (host_end, agent_end) =
+            UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
         let (go_read, go_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
-        let exe = fs::File::open("/proc/self/exe").map_err(|e| LaunchError::Io("open the airlock binary", e))?;
+        let exe = fs::File::open("/proc/self/exe")
+            .map_err(|e| LaunchError::Io("open the airlock binary", e))?;
         let template_dir = match &spec.template {
             Template::Dir { path } => Some(path.as_path()),
             Template::Host => None,
         };
         let argv = ["airlock", "agent", "--fd", "3"]
             .iter()
-            .map(|s| CString::new(*s).map_err(|e| LaunchError::Io("build the agent command line", e.into())))
+            .map(|s| {
+                CString::new(*s)
+                    .map_err(|e| LaunchError::Io("build the agent command line", e.into()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let context = ChildContext {
             id: &self.id,
@@ -220,9 +227,21 @@ impl Jail {
         // in `launch`), so no lock (allocator included) can be held by a
         // thread that does not exist in the child; the child only runs
         // `child_main`, which never returns (it execs or `_exit`s).
-        let pid = unsafe { libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (flags | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
         if pid < 0 {
-            return Err(LaunchError::Io("clone the sandbox init", io::Error::last_os_error()));
+            return Err(LaunchError::Io(
+                "clone the sandbox init",
+                io::Error::last_os_error(),
+            ));
         }
         if pid == 0 {
             drop(go_write);
@@ -236,11 +255,15 @@ impl Jail {
 
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
         let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
-        fs::write(format!("/proc/{pid}/uid_map"), &map).map_err(|e| LaunchError::Io("write the uid map", e))?;
-        fs::write(format!("/proc/{pid}/gid_map"), &map).map_err(|e| LaunchError::Io("write the gid map", e))?;
+        fs::write(format!("/proc/{pid}/uid_map"), &map)
+            .map_err(|e| LaunchError::Io("write the uid map", e))?;
+        fs::write(format!("/proc/{pid}/gid_map"), &map)
+            .map_err(|e| LaunchError::Io("write the gid map", e))?;
         self.cgroup.add_process(self.init_pid as u32)?;
         let mut go_write = fs::File::from(go_write);
-        go_write.write_all(b"g").map_err(|e| LaunchError::Io("start the sandbox init", e))?;
+        go_write
+            .write_all(b"g")
+            .map_err(|e| LaunchError::Io("start the sandbox init", e))?;
         drop(go_write);
 
         let mut message = String::new();
@@ -253,9 +276,13 @@ impl Jail {
             rustix::process::WaitOptions::NOHANG,
         ) {
             self.reaped = true;
-            return Err(LaunchError::Setup(format!("the sandbox init died during setup ({status:?})")));
+            return Err(LaunchError::Setup(format!(
+                "the sandbox init died during setup ({status:?})"
+            )));
         }
-        host_end.set_nonblocking(false).map_err(|e| LaunchError::Io("configure the agent channel", e))?;
+        host_end
+            .set_nonblocking(false)
+            .map_err(|e| LaunchError::Io("configure the agent channel", e))?;
         self.channel = Some(host_end);
         Ok(())
     }
@@ -329,7 +356,10 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
 
 fn single_threaded() -> bool {
     fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.split_whitespace().eq(["Threads:", "1"])))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().eq(["Threads:", "1"]))
+        })
         .unwrap_or(false)
 }
 
@@ -363,9 +393,10 @@ impl HostFacts {
             };
             if meta.file_type().is_symlink() {
                 if let Ok(target) = fs::read_link(&path) {
-                    facts
-                        .system_entries
-                        .push(((*name).into(), HostEntry::Symlink(target.to_string_lossy().into_owned())));
+                    facts.system_entries.push((
+                        (*name).into(),
+                        HostEntry::Symlink(target.to_string_lossy().into_owned()),
+                    ));
                 }
             } else if meta.is_dir() {
                 facts.system_entries.push(((*name).into(), HostEntry::Dir));
@@ -414,7 +445,10 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
     // Wait until the launcher has written our uid/gid maps and cgroup. EOF
     // means it died: give up.
     let mut byte = [0u8; 1];
-    let read = step("wait for the launcher", rustix::io::read(&context.go_read, &mut byte))?;
+    let read = step(
+        "wait for the launcher",
+        rustix::io::read(&context.go_read, &mut byte),
+    )?;
     if read != 1 {
         return Err("the launcher went away".into());
     }
@@ -433,8 +467,14 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
     }
     let sources = step("open host paths", HostSources::open(host_paths))?;
     step("setgroups", rustix::thread::set_thread_groups(&[Gid::ROOT]))?;
-    step("setresgid", rustix::thread::set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT))?;
-    step("setresuid", rustix::thread::set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT))?;
+    step(
+        "setresgid",
+        rustix::thread::set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT),
+    )?;
+    step(
+        "setresuid",
+        rustix::thread::set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT),
+    )?;
     // Set after the uid change, which would clear it. If the launcher dies,
     // the sandbox dies with it.
     step(
@@ -442,11 +482,19 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
     // SAFETY: unshare(2) only changes this process's namespace membership.
-    step("unshare the cgroup namespace", unsafe { rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP) })?;
-    step("set the hostname", rustix::system::sethostname(context.id.as_bytes()))?;
+    step("unshare the cgroup namespace", unsafe {
+        rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP)
+    })?;
+    step(
+        "set the hostname",
+        rustix::system::sethostname(context.id.as_bytes()),
+    )?;
 
     // Mounts from here on are private to this mount namespace.
-    step("make mounts private", raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None))?;
+    step(
+        "make mounts private",
+        raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None),
+    )?;
     let stage = context.stage.to_string_lossy().into_owned();
     step(
         "mount the writable layer",
@@ -462,30 +510,57 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         None => stage.clone(),
         Some(template) => {
             for dir in ["upper", "work", "root"] {
-                step("create the overlay dirs", fs::create_dir(format!("{stage}/{dir}")))?;
+                step(
+                    "create the overlay dirs",
+                    fs::create_dir(format!("{stage}/{dir}")),
+                )?;
             }
-            let lower = sources.link(template).ok_or("the template directory was not opened")?;
-            let options = format!("lowerdir={lower},upperdir={stage}/upper,workdir={stage}/work,userxattr");
+            let lower = sources
+                .link(template)
+                .ok_or("the template directory was not opened")?;
+            let options =
+                format!("lowerdir={lower},upperdir={stage}/upper,workdir={stage}/work,userxattr");
             let root = format!("{stage}/root");
             step(
                 "mount the template overlay",
-                raw_mount(Some("overlay"), &root, Some("overlay"), libc::MS_NOSUID | libc::MS_NODEV, Some(&options)),
+                raw_mount(
+                    Some("overlay"),
+                    &root,
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                ),
             )?;
             root
         }
     };
-    let mut root = step("open the new root", RootDir::open(Path::new(&new_root), sources))?;
-    step("build the root filesystem", rootfs::apply(context.rootfs, &mut root))?;
+    let mut root = step(
+        "open the new root",
+        RootDir::open(Path::new(&new_root), sources),
+    )?;
+    step(
+        "build the root filesystem",
+        rootfs::apply(context.rootfs, &mut root),
+    )?;
     drop(root);
     step("bring up loopback", loopback_up())?;
 
     step("enter the new root", std::env::set_current_dir(&new_root))?;
     step("pivot_root", rustix::process::pivot_root(".", "."))?;
-    step("detach the old root", rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH))?;
+    step(
+        "detach the old root",
+        rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH),
+    )?;
     step("enter /", std::env::set_current_dir("/"))?;
 
     // The agent's stdio is /dev/null of the sandbox: no host terminal inside.
-    let null = step("open /dev/null", fs::OpenOptions::new().read(true).write(true).open("/dev/null"))?;
+    let null = step(
+        "open /dev/null",
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null"),
+    )?;
     for fd in 0..3 {
         // SAFETY: dup2 onto 0..2 replaces this process's stdio; `null` stays
         // open for the duration of the call.
@@ -498,29 +573,61 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         current: Some(0),
         maximum: Some(0),
     };
-    step("set RLIMIT_CORE", rustix::process::setrlimit(rustix::process::Resource::Core, core))?;
+    step(
+        "set RLIMIT_CORE",
+        rustix::process::setrlimit(rustix::process::Resource::Core, core),
+    )?;
 
     // Put the agent channel on fd 3 and make every other descriptor
     // close-on-exec: no host descriptor survives into the sandbox.
     // SAFETY: dup2 onto AGENT_FD; the source is an open descriptor we own.
     if unsafe { libc::dup2(context.agent_end.as_raw_fd(), AGENT_FD) } < 0 {
-        return Err(format!("place the agent channel: {}", io::Error::last_os_error()));
+        return Err(format!(
+            "place the agent channel: {}",
+            io::Error::last_os_error()
+        ));
     }
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our
     // own descriptors; nothing is closed yet.
-    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) } < 0 {
-        return Err(format!("mark descriptors close-on-exec: {}", io::Error::last_os_error()));
+    if unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    } < 0
+    {
+        return Err(format!(
+            "mark descriptors close-on-exec: {}",
+            io::Error::last_os_error()
+        ));
     }
     // SAFETY: clears FD_CLOEXEC on the agent channel only.
     if unsafe { libc::fcntl(AGENT_FD, libc::F_SETFD, 0) } < 0 {
-        return Err(format!("keep the agent channel: {}", io::Error::last_os_error()));
+        return Err(format!(
+            "keep the agent channel: {}",
+            io::Error::last_os_error()
+        ));
     }
 
     // Enforcement, in this order: no_new_privs, seccomp, landlock, exec.
     step("set no_new_privs", set_no_new_privs(true))?;
-    step("install the seccomp filter", seccomp::install(&context.seccomp))?;
-    let writable: Vec<&Path> = context.rootfs.writable.iter().map(Path::new).filter(|p| p.exists()).collect();
-    step("restrict writes with landlock", ll::restrict_writes(&writable, context.landlock))?;
+    step(
+        "install the seccomp filter",
+        seccomp::install(&context.seccomp),
+    )?;
+    let writable: Vec<&Path> = context
+        .rootfs
+        .writable
+        .iter()
+        .map(Path::new)
+        .filter(|p| p.exists())
+        .collect();
+    step(
+        "restrict writes with landlock",
+        ll::restrict_writes(&writable, context.landlock),
+    )?;
 
     let mut argv: Vec<*const libc::c_char> = context.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());

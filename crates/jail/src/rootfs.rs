@@ -46,11 +46,20 @@ pub enum NodeKind {
 pub enum SetupOp {
     /// Creates a directory (and missing parents with 0755 root) unless it
     /// exists, then sets owner and mode.
-    Mkdir { path: String, mode: u32, uid: u32, gid: u32 },
+    Mkdir {
+        path: String,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
     /// Creates a symlink holding `target`.
     Symlink { path: String, target: String },
     /// Creates or replaces a regular file.
-    WriteFile { path: String, contents: String, mode: u32 },
+    WriteFile {
+        path: String,
+        contents: String,
+        mode: u32,
+    },
     /// Binds a host path, creating the mount point.
     BindHost {
         source: PathBuf,
@@ -60,7 +69,11 @@ pub enum SetupOp {
         flags: Flags,
     },
     /// Mounts a tmpfs with the given options.
-    Tmpfs { path: String, options: String, flags: Flags },
+    Tmpfs {
+        path: String,
+        options: String,
+        flags: Flags,
+    },
     /// Mounts a fresh procfs of the sandbox's pid namespace.
     Proc { path: String },
     /// Mounts a private devpts instance.
@@ -123,7 +136,13 @@ pub const PROC_MASKED_FILES: &[&str] = &[
 /// procfs directories hidden behind an empty tmpfs.
 pub const PROC_MASKED_DIRS: &[&str] = &["proc/acpi", "proc/scsi", "proc/asound"];
 /// procfs paths made read-only.
-pub const PROC_READ_ONLY: &[&str] = &["proc/sys", "proc/sysrq-trigger", "proc/irq", "proc/bus", "proc/fs"];
+pub const PROC_READ_ONLY: &[&str] = &[
+    "proc/sys",
+    "proc/sysrq-trigger",
+    "proc/irq",
+    "proc/bus",
+    "proc/fs",
+];
 
 /// The root filesystem plan and the paths Landlock lets the sandbox write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -227,9 +246,16 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
     ]);
     if host_template {
         writable.extend(
-            ["/root", "/home/user", "/tmp", "/var/tmp", "/run", "/mnt/user-data"]
-                .iter()
-                .map(|p| p.to_string()),
+            [
+                "/root",
+                "/home/user",
+                "/tmp",
+                "/var/tmp",
+                "/run",
+                "/mnt/user-data",
+            ]
+            .iter()
+            .map(|p| p.to_string()),
         );
     }
 
@@ -256,10 +282,24 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
     }
 
     ops.push(mkdir("proc", 0o555, 0));
-    ops.push(SetupOp::Proc { path: "proc".into() });
-    ops.extend(PROC_MASKED_FILES.iter().map(|p| SetupOp::MaskFile { path: (*p).into() }));
-    ops.extend(PROC_MASKED_DIRS.iter().map(|p| SetupOp::MaskDir { path: (*p).into() }));
-    ops.extend(PROC_READ_ONLY.iter().map(|p| SetupOp::ReadOnly { path: (*p).into() }));
+    ops.push(SetupOp::Proc {
+        path: "proc".into(),
+    });
+    ops.extend(
+        PROC_MASKED_FILES
+            .iter()
+            .map(|p| SetupOp::MaskFile { path: (*p).into() }),
+    );
+    ops.extend(
+        PROC_MASKED_DIRS
+            .iter()
+            .map(|p| SetupOp::MaskDir { path: (*p).into() }),
+    );
+    ops.extend(
+        PROC_READ_ONLY
+            .iter()
+            .map(|p| SetupOp::ReadOnly { path: (*p).into() }),
+    );
 
     ops.push(mkdir("dev", 0o755, 0));
     ops.push(SetupOp::Tmpfs {
@@ -277,7 +317,9 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
         });
     }
     ops.push(mkdir("dev/pts", 0o755, 0));
-    ops.push(SetupOp::Devpts { path: "dev/pts".into() });
+    ops.push(SetupOp::Devpts {
+        path: "dev/pts".into(),
+    });
     ops.push(SetupOp::Symlink {
         path: "dev/ptmx".into(),
         target: "pts/ptmx".into(),
@@ -332,11 +374,15 @@ fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
             "hosts",
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
         ),
-        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n".into()),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n".into(),
+        ),
         // Kept tiny on purpose: every `bash -l -c` reads it, so it must cost nothing.
         (
             "profile",
-            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n".into(),
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nexport PATH\n"
+                .into(),
         ),
     ]
 }
@@ -355,7 +401,13 @@ pub trait RootfsSys {
         read_only: bool,
         flags: Flags,
     ) -> Result<(), Self::Error>;
-    fn mount_fs(&mut self, fstype: &str, path: &str, options: &str, flags: Flags) -> Result<(), Self::Error>;
+    fn mount_fs(
+        &mut self,
+        fstype: &str,
+        path: &str,
+        options: &str,
+        flags: Flags,
+    ) -> Result<(), Self::Error>;
     fn exists(&mut self, path: &str) -> bool;
     fn mask_file(&mut self, path: &str) -> Result<(), Self::Error>;
     fn read_only(&mut self, path: &str) -> Result<(), Self::Error>;
@@ -365,9 +417,18 @@ pub trait RootfsSys {
 pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Error> {
     for op in &plan.ops {
         match op {
-            SetupOp::Mkdir { path, mode, uid, gid } => sys.mkdir(path, *mode, *uid, *gid)?,
+            SetupOp::Mkdir {
+                path,
+                mode,
+                uid,
+                gid,
+            } => sys.mkdir(path, *mode, *uid, *gid)?,
             SetupOp::Symlink { path, target } => sys.symlink(path, target)?,
-            SetupOp::WriteFile { path, contents, mode } => sys.write_file(path, contents.as_bytes(), *mode)?,
+            SetupOp::WriteFile {
+                path,
+                contents,
+                mode,
+            } => sys.write_file(path, contents.as_bytes(), *mode)?,
             SetupOp::BindHost {
                 source,
                 path,
@@ -375,7 +436,11 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                 read_only,
                 flags,
             } => sys.bind_host(source, path, *kind, *read_only, *flags)?,
-            SetupOp::Tmpfs { path, options, flags } => sys.mount_fs("tmpfs", path, options, *flags)?,
+            SetupOp::Tmpfs {
+                path,
+                options,
+                flags,
+            } => sys.mount_fs("tmpfs", path, options, *flags)?,
             SetupOp::Proc { path } => sys.mount_fs("proc", path, "", HARDENED)?,
             SetupOp::Devpts { path } => sys.mount_fs(
                 "devpts",
@@ -421,17 +486,20 @@ mod tests {
         }
     }
 
-    /// Records every call; `exists` answers from a fixed list.
+    /// Records every call; `exists` answers for what the recorder created
+    /// and for a fixed list of paths the kernel would provide.
     #[derive(Default)]
     struct Recorder {
         calls: Vec<String>,
         present: Vec<&'static str>,
+        created: Vec<String>,
     }
 
     impl RootfsSys for Recorder {
         type Error = ();
         fn mkdir(&mut self, path: &str, mode: u32, uid: u32, _gid: u32) -> Result<(), ()> {
             self.calls.push(format!("mkdir {path} {mode:o} {uid}"));
+            self.created.push(path.to_owned());
             Ok(())
         }
         fn symlink(&mut self, path: &str, target: &str) -> Result<(), ()> {
@@ -442,8 +510,16 @@ mod tests {
             self.calls.push(format!("write {path}"));
             Ok(())
         }
-        fn bind_host(&mut self, source: &std::path::Path, path: &str, _k: NodeKind, ro: bool, _f: Flags) -> Result<(), ()> {
-            self.calls.push(format!("bind {} {path} ro={ro}", source.display()));
+        fn bind_host(
+            &mut self,
+            source: &std::path::Path,
+            path: &str,
+            _k: NodeKind,
+            ro: bool,
+            _f: Flags,
+        ) -> Result<(), ()> {
+            self.calls
+                .push(format!("bind {} {path} ro={ro}", source.display()));
             Ok(())
         }
         fn mount_fs(&mut self, fstype: &str, path: &str, _o: &str, _f: Flags) -> Result<(), ()> {
@@ -451,7 +527,7 @@ mod tests {
             Ok(())
         }
         fn exists(&mut self, path: &str) -> bool {
-            self.present.contains(&path)
+            self.present.contains(&path) || self.created.iter().any(|c| c == path)
         }
         fn mask_file(&mut self, path: &str) -> Result<(), ()> {
             self.calls.push(format!("mask {path}"));
@@ -464,7 +540,10 @@ mod tests {
     }
 
     fn position(calls: &[String], call: &str) -> usize {
-        calls.iter().position(|c| c == call).unwrap_or_else(|| panic!("no `{call}` in {calls:#?}"))
+        calls
+            .iter()
+            .position(|c| c == call)
+            .unwrap_or_else(|| panic!("no `{call}` in {calls:#?}"))
     }
 
     #[test]
@@ -481,17 +560,26 @@ mod tests {
         position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true");
         // /etc is made read-only after everything inside it exists.
         assert!(position(calls, "write etc/passwd") < position(calls, "ro etc"));
-        assert!(position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true") < position(calls, "ro etc"));
+        assert!(
+            position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true")
+                < position(calls, "ro etc")
+        );
         // Sensitive procfs entries are masked only after procfs is mounted.
         assert!(position(calls, "mount proc proc") < position(calls, "mask proc/kcore"));
         position(calls, "ro proc/sys");
-        assert!(!calls.iter().any(|c| c == "mask proc/keys"), "absent paths are skipped");
+        assert!(
+            !calls.iter().any(|c| c == "mask proc/keys"),
+            "absent paths are skipped"
+        );
         // /dev is read-only after its nodes are bound.
         assert!(position(calls, "bind /dev/null dev/null ro=false") < position(calls, "ro dev"));
         position(calls, "mkdir home/user 755 1000");
         position(calls, "mkdir tmp 1777 0");
         assert!(plan.writable.contains(&"/home/user".to_string()));
-        assert!(!plan.writable.iter().any(|w| w == "/" || w == "/usr" || w == "/etc"));
+        assert!(!plan
+            .writable
+            .iter()
+            .any(|w| w == "/" || w == "/usr" || w == "/etc"));
     }
 
     #[test]
@@ -499,19 +587,27 @@ mod tests {
         let plan = plan(&SandboxSpec::default(), &facts(), "sbx-1");
         for op in &plan.ops {
             if let SetupOp::WriteFile { path, contents, .. } = op {
-                assert!(!path.contains("shadow") && !path.contains("ssh") && !path.contains("resolv"), "{path}");
+                assert!(
+                    !path.contains("shadow") && !path.contains("ssh") && !path.contains("resolv"),
+                    "{path}"
+                );
                 assert!(!contents.contains("$6$"));
             }
             if let SetupOp::BindHost { source, .. } = op {
                 let s = source.to_string_lossy();
-                assert!(!s.contains("shadow") && !s.contains("ssh") && !s.contains("private"), "{s}");
+                assert!(
+                    !s.contains("shadow") && !s.contains("ssh") && !s.contains("private"),
+                    "{s}"
+                );
             }
         }
         let hosts = plan
             .ops
             .iter()
             .find_map(|op| match op {
-                SetupOp::WriteFile { path, contents, .. } if path == "etc/hosts" => Some(contents.clone()),
+                SetupOp::WriteFile { path, contents, .. } if path == "etc/hosts" => {
+                    Some(contents.clone())
+                }
                 _ => None,
             })
             .unwrap();
@@ -520,21 +616,32 @@ mod tests {
 
     #[test]
     fn dir_template_writes_root_and_keeps_its_etc() {
-        let mut spec = SandboxSpec::default();
-        spec.template = Template::Dir { path: "/srv/rootfs".into() };
+        let spec = SandboxSpec {
+            template: Template::Dir {
+                path: "/srv/rootfs".into(),
+            },
+            ..SandboxSpec::default()
+        };
         let plan = plan(&spec, &facts(), "sbx-2");
         assert!(plan.writable.contains(&"/".to_string()));
-        assert!(!plan.ops.iter().any(|op| matches!(op, SetupOp::BindHost { source, .. } if source == &PathBuf::from("/usr"))));
-        assert!(!plan.ops.iter().any(|op| matches!(op, SetupOp::WriteFile { path, .. } if path == "etc/passwd")));
+        assert!(!plan.ops.iter().any(
+            |op| matches!(op, SetupOp::BindHost { source, .. } if source == &PathBuf::from("/usr"))
+        ));
+        assert!(!plan
+            .ops
+            .iter()
+            .any(|op| matches!(op, SetupOp::WriteFile { path, .. } if path == "etc/passwd")));
     }
 
     #[test]
     fn user_mounts_follow_their_mode() {
-        let mut spec = SandboxSpec::default();
-        spec.mounts = vec![
-            BindMount::parse("/srv/in:/mnt/in:ro").unwrap(),
-            BindMount::parse("/srv/out:/mnt/out").unwrap(),
-        ];
+        let spec = SandboxSpec {
+            mounts: vec![
+                BindMount::parse("/srv/in:/mnt/in:ro").unwrap(),
+                BindMount::parse("/srv/out:/mnt/out").unwrap(),
+            ],
+            ..SandboxSpec::default()
+        };
         let plan = plan(&spec, &facts(), "sbx-3");
         let mut rec = Recorder::default();
         apply(&plan, &mut rec).unwrap();

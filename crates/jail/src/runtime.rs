@@ -56,7 +56,8 @@ impl Slot {
 
     /// Writes the record of the sandbox that owns this slot.
     pub fn record(&mut self, record: &SlotRecord) -> Result<(), RuntimeError> {
-        let bytes = serde_json::to_vec(record).map_err(|e| RuntimeError::Record(self.number, e.into()))?;
+        let bytes =
+            serde_json::to_vec(record).map_err(|e| RuntimeError::Record(self.number, e.into()))?;
         self.file
             .set_len(0)
             .and_then(|()| self.file.rewind())
@@ -103,13 +104,18 @@ impl RuntimeDir {
     /// (0755); the slot records stay private (0700).
     pub fn prepare(&self) -> Result<(), RuntimeError> {
         use std::os::unix::fs::PermissionsExt;
-        for (dir, mode) in [(self.root.clone(), 0o711), (self.stage(), 0o755), (self.slots(), 0o700)] {
+        for (dir, mode) in [
+            (self.root.clone(), 0o711),
+            (self.stage(), 0o755),
+            (self.slots(), 0o700),
+        ] {
             match fs::create_dir(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(RuntimeError::Dir(dir, e)),
             }
-            fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).map_err(|e| RuntimeError::Dir(dir.clone(), e))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                .map_err(|e| RuntimeError::Dir(dir.clone(), e))?;
         }
         Ok(())
     }
@@ -146,7 +152,8 @@ impl RuntimeDir {
         let mut cleaned = Vec::new();
         if let Ok(entries) = fs::read_dir(self.slots()) {
             for entry in entries.flatten() {
-                let Ok(mut file) = OpenOptions::new().read(true).write(true).open(entry.path()) else {
+                let Ok(mut file) = OpenOptions::new().read(true).write(true).open(entry.path())
+                else {
                     continue;
                 };
                 let Some(record) = read_record(&mut file) else {
@@ -229,10 +236,18 @@ mod tests {
         let runtime = RuntimeDir::at(dir.path());
         runtime.prepare().unwrap();
         let mut live = runtime.acquire_slot(0).unwrap();
-        live.record(&SlotRecord { id: "live".into(), launcher_pid: 1 }).unwrap();
+        live.record(&SlotRecord {
+            id: "live".into(),
+            launcher_pid: 1,
+        })
+        .unwrap();
         {
             let mut dead = runtime.acquire_slot(0).unwrap();
-            dead.record(&SlotRecord { id: "dead".into(), launcher_pid: 2 }).unwrap();
+            dead.record(&SlotRecord {
+                id: "dead".into(),
+                launcher_pid: 2,
+            })
+            .unwrap();
             // Dropped without release: like a launcher killed with -9.
         }
         let cleaned = runtime.sweep(None);

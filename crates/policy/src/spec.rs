@@ -21,7 +21,9 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
 
 /// Paths a user mount may not cover: the kernel interfaces and the generated
 /// system directories the jail relies on.
-const RESERVED_TARGETS: &[&str] = &["/proc", "/dev", "/sys", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64"];
+const RESERVED_TARGETS: &[&str] = &[
+    "/proc", "/dev", "/sys", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64",
+];
 
 /// Everything a sandbox is and may do. Missing fields take the safe default
 /// (no network, the limits above); unknown fields are refused.
@@ -345,12 +347,21 @@ mod tests {
             f(&mut spec.limits);
             spec.validate()
         };
-        assert_eq!(with(&|l| l.memory_bytes = 0), Err(SpecError::MemoryTooSmall(0)));
+        assert_eq!(
+            with(&|l| l.memory_bytes = 0),
+            Err(SpecError::MemoryTooSmall(0))
+        );
         assert_eq!(with(&|l| l.cpu_millis = 0), Err(SpecError::CpusOutOfRange));
         assert_eq!(with(&|l| l.pids = 1), Err(SpecError::PidsOutOfRange(1)));
-        assert_eq!(with(&|l| l.disk_bytes = 10), Err(SpecError::DiskTooSmall(10)));
+        assert_eq!(
+            with(&|l| l.disk_bytes = 10),
+            Err(SpecError::DiskTooSmall(10))
+        );
         assert_eq!(with(&|l| l.nofile = 3), Err(SpecError::NofileOutOfRange(3)));
-        assert_eq!(with(&|l| l.output_bytes = 3), Err(SpecError::OutputTooSmall(3)));
+        assert_eq!(
+            with(&|l| l.output_bytes = 3),
+            Err(SpecError::OutputTooSmall(3))
+        );
     }
 
     #[test]
@@ -380,18 +391,38 @@ mod tests {
         assert_eq!(check("/mnt/data"), Ok(()));
         assert_eq!(check("/home/user/data"), Ok(()));
         assert_eq!(check("/usrdata"), Ok(()));
-        for bad in ["relative", "/", "/a/../etc", "/a/./b", "/a//b", "/a/", "/a\0b"] {
-            assert!(matches!(check(bad), Err(SpecError::MountTargetInvalid(_))), "{bad:?}");
+        for bad in [
+            "relative",
+            "/",
+            "/a/../etc",
+            "/a/./b",
+            "/a//b",
+            "/a/",
+            "/a\0b",
+        ] {
+            assert!(
+                matches!(check(bad), Err(SpecError::MountTargetInvalid(_))),
+                "{bad:?}"
+            );
         }
         for reserved in ["/proc", "/proc/sys", "/dev/shm", "/etc", "/usr/lib"] {
-            assert!(matches!(check(reserved), Err(SpecError::MountTargetReserved(..))), "{reserved}");
+            assert!(
+                matches!(check(reserved), Err(SpecError::MountTargetReserved(..))),
+                "{reserved}"
+            );
         }
         let mut spec = SandboxSpec::default();
         let m = BindMount::parse("/srv:/mnt/x").unwrap();
         spec.mounts = vec![m.clone(), m];
-        assert!(matches!(spec.validate(), Err(SpecError::MountTargetDuplicate(_))));
+        assert!(matches!(
+            spec.validate(),
+            Err(SpecError::MountTargetDuplicate(_))
+        ));
         spec.mounts = vec![BindMount::parse("srv:/mnt/x").unwrap()];
-        assert!(matches!(spec.validate(), Err(SpecError::MountSourceNotAbsolute(_))));
+        assert!(matches!(
+            spec.validate(),
+            Err(SpecError::MountSourceNotAbsolute(_))
+        ));
     }
 
     #[test]

@@ -167,7 +167,11 @@ impl Event {
     pub fn is_final(&self) -> bool {
         !matches!(
             self,
-            Event::Started { .. } | Event::Stdout | Event::Stderr | Event::FileData | Event::Keepalive
+            Event::Started { .. }
+                | Event::Stdout
+                | Event::Stderr
+                | Event::FileData
+                | Event::Keepalive
         )
     }
 }

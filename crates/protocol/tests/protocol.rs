@@ -1,4 +1,5 @@
 //! Framing round trips and the schema snapshot.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock_protocol::*;
 use std::collections::BTreeMap;
@@ -14,7 +15,10 @@ async fn frames_round_trip_with_payload() {
         stdin: true,
         timeout_ms: Some(10),
         output_limit: 1024,
-        limits: ProcessLimits { nofile: 64, fsize_bytes: 1 << 20 },
+        limits: ProcessLimits {
+            nofile: 64,
+            fsize_bytes: 1 << 20,
+        },
     });
     let frames = vec![
         Frame::new(1, spawn),
@@ -30,7 +34,10 @@ async fn frames_round_trip_with_payload() {
         let got: Frame<Request> = read_frame(&mut b).await.unwrap();
         assert_eq!(&got, expected);
     }
-    assert!(matches!(read_frame::<_, Request>(&mut b).await, Err(FrameError::Closed)));
+    assert!(matches!(
+        read_frame::<_, Request>(&mut b).await,
+        Err(FrameError::Closed)
+    ));
 }
 
 #[tokio::test]

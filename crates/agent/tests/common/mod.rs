@@ -121,16 +121,23 @@ impl Agent {
             .unwrap();
     }
 
+    /// Writes raw bytes to the stream.
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.writer.write_all(bytes).await.unwrap();
+    }
+
     /// The next event of request `id`.
     pub async fn next(&mut self, id: u64) -> Frame<Event> {
         if let Some(frame) = self.stash.get_mut(&id).and_then(VecDeque::pop_front) {
             return frame;
         }
         loop {
-            let frame: Frame<Event> = tokio::time::timeout(EVENT_TIMEOUT, read_frame(&mut self.reader))
-                .await
-                .unwrap_or_else(|_| panic!("no event for request {id} in time"))
-                .unwrap();
+            let frame: Frame<Event> =
+                tokio::time::timeout(EVENT_TIMEOUT, read_frame(&mut self.reader))
+                    .await
+                    .unwrap_or_else(|_| panic!("no event for request {id} in time"))
+                    .unwrap();
             if frame.id == 0 {
                 assert_eq!(frame.msg, Event::Keepalive);
                 self.keepalives += 1;

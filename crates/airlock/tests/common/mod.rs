@@ -37,7 +37,11 @@ pub fn run_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> Output {
         .arg("run")
         .args(args)
         .env("AIRLOCK_TEST_HOST_SECRET", "host-secret-value")
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -88,8 +92,15 @@ pub fn exit_code(value: &Value) -> i64 {
 /// slot record on the host.
 pub fn assert_no_leftovers(id: &str) {
     for controller in ["memory", "cpu", "cpuacct", "pids", "unified"] {
-        let dir = Path::new("/sys/fs/cgroup").join(controller).join("airlock").join(id);
-        assert!(!dir.exists(), "cgroup {} survived its sandbox", dir.display());
+        let dir = Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("airlock")
+            .join(id);
+        assert!(
+            !dir.exists(),
+            "cgroup {} survived its sandbox",
+            dir.display()
+        );
     }
     let v2 = Path::new("/sys/fs/cgroup/airlock").join(id);
     assert!(!v2.exists(), "cgroup {} survived its sandbox", v2.display());
@@ -114,23 +125,4 @@ pub fn assert_no_leftovers(id: &str) {
             assert!(!record.contains(id), "slot record of {id} survived it");
         }
     }
-}
-
-/// Number of host processes running with a sandbox uid.
-pub fn processes_with_sandbox_uids() -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-            continue;
-        };
-        let uid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|u| u.parse::<u32>().ok());
-        if uid.is_some_and(|u| u >= UID_BASE) {
-            found.push(status.lines().next().unwrap_or_default().to_owned());
-        }
-    }
-    found
 }
