@@ -11,6 +11,23 @@
 //! since the sandbox has a pids limit) and returns when the host closes the
 //! stream, after killing every process it started.
 //!
+//! # Behaviour worth knowing on the host side
+//!
+//! - Every request gets exactly one final event; `spawn` gets `started`,
+//!   output chunks (at most 64 KiB each), then `exited` after all output.
+//! - Output past `output_limit` is cut at exactly the cap and the read end of
+//!   that pipe is closed, so the process gets `SIGPIPE`/`EPIPE` on its next
+//!   write (`yes` ends instead of spinning); the exit status says which
+//!   stream was truncated.
+//! - After a process exits, its output is forwarded until the pipes reach
+//!   EOF or stay silent for 100 ms (a backgrounded grandchild may hold them
+//!   forever), then `exited` goes out.
+//! - `write_stdin` is answered once its bytes are in the pipe: wait for that
+//!   `done` before sending more to get backpressure on that process alone.
+//! - Keepalives on id 0 are skipped while the outgoing queue is busy.
+//! - Closing the stream kills every process group the agent started and
+//!   reaps them before [`serve`] returns.
+//!
 //! # Module map
 //!
 //! - `session`: the read loop, request dispatch and shutdown.

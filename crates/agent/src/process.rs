@@ -347,14 +347,21 @@ impl Processes {
             stdin: req.stdin,
             setup: ChildSetup::new(&req.limits, req.user, self.config.drop_privileges, cwd_c),
         };
-        let launched = tokio::task::spawn_blocking(move || launch(plan))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Failure::new(
-                    ErrorKind::Io,
-                    "the process could not be started: the launch was interrupted",
-                ))
-            })?;
+        let reaper = Arc::clone(&self.reaper);
+        let launched = tokio::task::spawn_blocking(move || {
+            let _gate = reaper.launching();
+            launch(plan)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::new(
+                ErrorKind::Io,
+                "the process could not be started: the launch was interrupted",
+            ))
+        });
+        // Reaps skipped while the launch held the gate happen now.
+        self.reaper.reap();
+        let launched = launched?;
         let pid = launched.pid;
         let ended = self.reaper.register(pid);
 

@@ -10,12 +10,21 @@
 //!
 //! A slow fallback tick repeats the reaping in case a `SIGCHLD` is coalesced
 //! or lost; the `waitpid` calls are cheap and never block.
+//!
+//! # The launch gate
+//!
+//! When `exec` fails, std's `Command::spawn` reaps the failed child itself
+//! with a blocking `waitpid(pid)` and panics if that child is already gone
+//! (and the release profile aborts on panic). A `waitpid(-1)` running at
+//! that moment could steal it. So every launch holds the gate shared, and
+//! `waitpid(-1)` only runs when it can take the gate exclusively; otherwise
+//! it is skipped and the launch triggers a reap once it is done.
 
 use crate::locked;
 use rustix::io::Errno;
 use rustix::process::{Pid, WaitOptions, WaitStatus};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, TryLockError};
 use std::time::Duration;
 use tokio::signal::unix::Signal;
 use tokio::sync::oneshot;
@@ -55,6 +64,8 @@ pub(crate) struct Reaper {
     /// Whether to reap every child (`waitpid(-1)`): true when PID 1.
     all_children: bool,
     state: Mutex<State>,
+    /// Held shared by every launch, exclusively by `waitpid(-1)`.
+    launch_gate: RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -89,7 +100,16 @@ impl Reaper {
         Reaper {
             all_children,
             state: Mutex::new(State::default()),
+            launch_gate: RwLock::new(()),
         }
+    }
+
+    /// Held while a process is launched (fork to exec or exec failure), so
+    /// no `waitpid(-1)` reaps a child std still has to wait for.
+    pub(crate) fn launching(&self) -> RwLockReadGuard<'_, ()> {
+        self.launch_gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether this reaper reaps every child (the agent is PID 1).
@@ -132,13 +152,20 @@ impl Reaper {
 
     /// Collects every child that has ended, without blocking.
     pub(crate) fn reap(&self) {
-        let mut state = locked(&self.state);
         if self.all_children {
+            // A launch is under way: skip; it reaps again when it is done.
+            let _gate = match self.launch_gate.try_write() {
+                Ok(gate) => gate,
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
+            };
+            let mut state = locked(&self.state);
             while let Ok(Some((pid, status))) = rustix::process::wait(WaitOptions::NOHANG) {
                 let pid = u32::try_from(pid.as_raw_nonzero().get()).unwrap_or(0);
                 state.deliver(pid, Ended::from_status(status));
             }
         } else {
+            let mut state = locked(&self.state);
             let pids: Vec<u32> = state.waiting.keys().copied().collect();
             for pid in pids {
                 let Some(target) = to_pid(pid) else { continue };

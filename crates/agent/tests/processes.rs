@@ -437,3 +437,20 @@ async fn many_processes_at_once() {
     }
     agent.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_slow_host_loses_no_output() {
+    let mut agent = Agent::start();
+    let mut spawn = command("head", &["-c", "20000000", "/dev/zero"]);
+    spawn.output_limit = 1 << 30;
+    let id = agent.send(Request::Spawn(spawn)).await;
+    // Not reading: the socket, the agent's queue and the pipe fill, and
+    // `head` blocks instead of the agent buffering 20 MB.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = agent.collect(id).await;
+    assert_eq!(out.stdout.len(), 20_000_000);
+    assert!(out.stdout.iter().all(|b| *b == 0));
+    assert_eq!(out.status.code, Some(0));
+    assert!(!out.status.stdout_truncated);
+    agent.close().await.unwrap();
+}

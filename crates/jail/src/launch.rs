@@ -98,6 +98,7 @@ struct ChildContext<'a> {
     template_dir: Option<&'a Path>,
     disk_bytes: u64,
     go_read: OwnedFd,
+    cgroup_read: OwnedFd,
     err_write: OwnedFd,
     agent_end: OwnedFd,
     exe: OwnedFd,
@@ -139,7 +140,7 @@ impl Jail {
         let rootfs = rootfs::plan(spec, &HostFacts::gather(), &id);
         let program = seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?;
 
-        let mut slot = runtime.acquire_slot(random_u32())?;
+        let mut slot = runtime.acquire_slot()?;
         slot.record(&SlotRecord {
             id: id.clone(),
             launcher_pid: std::process::id(),
@@ -183,6 +184,7 @@ impl Jail {
         let (host_end, agent_end) =
             UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
         let (go_read, go_write) = pipe()?;
+        let (cgroup_read, cgroup_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
         let exe = fs::File::open("/proc/self/exe")
             .map_err(|e| LaunchError::Io("open the airlock binary", e))?;
@@ -204,6 +206,7 @@ impl Jail {
             template_dir,
             disk_bytes: spec.limits.disk_bytes,
             go_read,
+            cgroup_read,
             err_write,
             agent_end: agent_end.into(),
             exe: exe.into(),
@@ -245,6 +248,7 @@ impl Jail {
         }
         if pid == 0 {
             drop(go_write);
+            drop(cgroup_write);
             drop(err_read);
             drop(host_end);
             child_main(context);
@@ -259,12 +263,13 @@ impl Jail {
             .map_err(|e| LaunchError::Io("write the uid map", e))?;
         fs::write(format!("/proc/{pid}/gid_map"), &map)
             .map_err(|e| LaunchError::Io("write the gid map", e))?;
+        release(go_write, "start the sandbox init")?;
+        // Moving a task between v1 cgroups waits for an RCU grace period
+        // (milliseconds), so it runs while the child builds its root; the
+        // child waits for it before it enters its cgroup namespace and
+        // execs, so nothing of the sandbox runs outside its limits.
         self.cgroup.add_process(self.init_pid as u32)?;
-        let mut go_write = fs::File::from(go_write);
-        go_write
-            .write_all(b"g")
-            .map_err(|e| LaunchError::Io("start the sandbox init", e))?;
-        drop(go_write);
+        release(cgroup_write, "move the sandbox init into its cgroup")?;
 
         let mut message = String::new();
         let _ = fs::File::from(err_read).read_to_string(&mut message);
@@ -349,6 +354,23 @@ impl Drop for Jail {
     }
 }
 
+/// Writes the one byte a waiting child reads as "go on".
+fn release(write_end: OwnedFd, what: &'static str) -> Result<(), LaunchError> {
+    fs::File::from(write_end)
+        .write_all(b"g")
+        .map_err(|e| LaunchError::Io(what, e))
+}
+
+/// Blocks until the launcher writes its byte; EOF means it gave up or died.
+fn wait_for_launcher(read_end: &OwnedFd, what: &str) -> Result<(), String> {
+    let mut byte = [0u8; 1];
+    match rustix::io::read(read_end, &mut byte) {
+        Ok(1) => Ok(()),
+        Ok(_) => Err(format!("{what}: the launcher went away")),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
 fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| LaunchError::Io("create a pipe", e.into()))
@@ -367,10 +389,6 @@ fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
     bytes
-}
-
-fn random_u32() -> u32 {
-    u32::from_ne_bytes(random_bytes::<4>())
 }
 
 /// `sbx-` and 16 random hex digits.
@@ -442,16 +460,8 @@ fn step<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> Result<T, 
 fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, String> {
     use rustix::process::{Gid, Uid};
     use rustix::thread::{set_no_new_privs, UnshareFlags};
-    // Wait until the launcher has written our uid/gid maps and cgroup. EOF
-    // means it died: give up.
-    let mut byte = [0u8; 1];
-    let read = step(
-        "wait for the launcher",
-        rustix::io::read(&context.go_read, &mut byte),
-    )?;
-    if read != 1 {
-        return Err("the launcher went away".into());
-    }
+    // Wait until the launcher has written our uid/gid maps.
+    wait_for_launcher(&context.go_read, "wait for the uid map")?;
     // Open host paths while our credentials are still the launcher's.
     let mut host_paths: Vec<&Path> = context
         .rootfs
@@ -481,10 +491,6 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         "set the parent-death signal",
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL)),
     )?;
-    // SAFETY: unshare(2) only changes this process's namespace membership.
-    step("unshare the cgroup namespace", unsafe {
-        rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP)
-    })?;
     step(
         "set the hostname",
         rustix::system::sethostname(context.id.as_bytes()),
@@ -610,6 +616,14 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
             io::Error::last_os_error()
         ));
     }
+
+    // Only now, inside its cgroup, does the sandbox get its cgroup namespace
+    // (rooted at that cgroup) and run anything of its own.
+    wait_for_launcher(&context.cgroup_read, "wait for the cgroup")?;
+    // SAFETY: unshare(2) only changes this process's namespace membership.
+    step("unshare the cgroup namespace", unsafe {
+        rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP)
+    })?;
 
     // Enforcement, in this order: no_new_privs, seccomp, landlock, exec.
     step("set no_new_privs", set_no_new_privs(true))?;

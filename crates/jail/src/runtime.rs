@@ -120,10 +120,11 @@ impl RuntimeDir {
         Ok(())
     }
 
-    /// Takes a free slot, starting the search at `hint`.
-    pub fn acquire_slot(&self, hint: u32) -> Result<Slot, RuntimeError> {
-        for i in 0..SLOTS {
-            let number = (hint.wrapping_add(i)) % SLOTS;
+    /// Takes the lowest free slot. Low numbers first keeps the slot
+    /// directory as small as the peak number of live sandboxes, which keeps
+    /// [`RuntimeDir::sweep`] cheap.
+    pub fn acquire_slot(&self) -> Result<Slot, RuntimeError> {
+        for number in 0..SLOTS {
             let path = self.slots().join(number.to_string());
             let file = OpenOptions::new()
                 .read(true)
@@ -218,14 +219,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let runtime = RuntimeDir::at(dir.path());
         runtime.prepare().unwrap();
-        let a = runtime.acquire_slot(7).unwrap();
-        let b = runtime.acquire_slot(7).unwrap();
-        assert_eq!(a.number, 7);
-        assert_eq!(b.number, 8);
+        let a = runtime.acquire_slot().unwrap();
+        let b = runtime.acquire_slot().unwrap();
+        assert_eq!(a.number, 0);
+        assert_eq!(b.number, 1);
         assert_eq!(b.host_uid_base() - a.host_uid_base(), UIDS_PER_SANDBOX);
         a.release();
-        let c = runtime.acquire_slot(7).unwrap();
-        assert_eq!(c.number, 7);
+        let c = runtime.acquire_slot().unwrap();
+        assert_eq!(c.number, 0);
         drop(b);
         drop(c);
     }
@@ -235,14 +236,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let runtime = RuntimeDir::at(dir.path());
         runtime.prepare().unwrap();
-        let mut live = runtime.acquire_slot(0).unwrap();
+        let mut live = runtime.acquire_slot().unwrap();
         live.record(&SlotRecord {
             id: "live".into(),
             launcher_pid: 1,
         })
         .unwrap();
         {
-            let mut dead = runtime.acquire_slot(0).unwrap();
+            let mut dead = runtime.acquire_slot().unwrap();
             dead.record(&SlotRecord {
                 id: "dead".into(),
                 launcher_pid: 2,

@@ -16,8 +16,13 @@
 //!
 //! [`RULES`] is the single source of truth: one row per syscall, each with the
 //! condition under which it is denied, the errno it gets and the reason. A
-//! reviewer reads the table, not the BPF. The unit tests below invoke every row
-//! under the real filter.
+//! reviewer reads the table, not the BPF. The unit tests keep a second,
+//! independently written list of what must be denied, check that it matches
+//! the table, and make every listed call in a forked child under the real
+//! filter — once as built, and once with the errnos shifted to values no
+//! kernel returns, which proves that the filter, not a kernel permission
+//! check, is what denies (so deleting or weakening a row fails the tests
+//! even when they run unprivileged).
 //!
 //! # Program layout
 //!
@@ -162,30 +167,39 @@ pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 /// `AUDIT_ARCH_X86_64` from `<linux/audit.h>`: `EM_X86_64 | __AUDIT_ARCH_64BIT
 /// | __AUDIT_ARCH_LE`.
+#[cfg(target_arch = "x86_64")]
 const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 
 /// `BPF_MAXINSNS` from `<linux/bpf_common.h>`.
 const BPF_MAXINSNS: usize = 4096;
 
 /// Offsets into `struct seccomp_data { int nr; __u32 arch; … }`.
+#[cfg(target_arch = "x86_64")]
 const SECCOMP_DATA_NR: u32 = 0;
+#[cfg(target_arch = "x86_64")]
 const SECCOMP_DATA_ARCH: u32 = 4;
 
 // Classic BPF opcodes (`<linux/filter.h>`), as the 16-bit `code` field.
+#[cfg(target_arch = "x86_64")]
 const BPF_LD_W_ABS: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS (0x20)
+#[cfg(target_arch = "x86_64")]
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10; // BPF_JMP | BPF_JEQ | BPF_K
+#[cfg(target_arch = "x86_64")]
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
+#[cfg(target_arch = "x86_64")]
 const BPF_RET_K: u16 = 0x06; // BPF_RET | BPF_K
 
 /// The personas Docker's default profile allows: `PER_LINUX` (0),
 /// `PER_LINUX32` (0x8), `UNAME26` (0x20000), `PER_LINUX32 | UNAME26` and the
 /// query `0xffffffff`.
+#[cfg(target_arch = "x86_64")]
 const PERSONALITY_ALLOWED: [u32; 5] = [0x0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
 /// Every namespace flag `clone` could take. `CLONE_NEWTIME` (0x80) falls into
 /// `clone`'s exit-signal byte, so the kernel cannot create a time namespace
 /// through `clone` at all; it is listed anyway because no valid exit signal
 /// has that bit, so denying it costs nothing and keeps the list complete.
+#[cfg(target_arch = "x86_64")]
 const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWCGROUP
     | libc::CLONE_NEWUTS
@@ -196,6 +210,7 @@ const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWTIME) as u32;
 
 /// The terminal ioctls that inject input: `TIOCSTI` and `TIOCLINUX`.
+#[cfg(target_arch = "x86_64")]
 const IOCTL_DENIED: [u32; 2] = [libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
 
 /// `open_tree_attr(2)` (Linux 6.15, same number on every architecture); the

@@ -78,6 +78,13 @@ impl Agent {
             root_home: home.path().to_path_buf(),
         };
         let thread = std::thread::spawn(move || serve(config, theirs));
+        let mut agent = Agent::connect(ours, home);
+        agent.thread = Some(thread);
+        agent
+    }
+
+    /// A client on the host end of a stream whose agent runs elsewhere.
+    pub fn connect(ours: std::os::unix::net::UnixStream, home: tempfile::TempDir) -> Agent {
         ours.set_nonblocking(true).unwrap();
         let stream = tokio::net::UnixStream::from_std(ours).unwrap();
         let (reader, writer) = stream.into_split();
@@ -86,9 +93,23 @@ impl Agent {
             writer,
             stash: HashMap::new(),
             next_id: 1,
-            thread: Some(thread),
+            thread: None,
             home,
             keepalives: 0,
+        }
+    }
+
+    /// Reads (and stashes) events until the agent closes the stream.
+    pub async fn wait_closed(&mut self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, read_frame::<_, Event>(&mut self.reader))
+                .await
+                .expect("the agent did not close the stream in time");
+            match frame {
+                Ok(frame) => self.stash.entry(frame.id).or_default().push_back(frame),
+                Err(_) => return,
+            }
         }
     }
 
@@ -229,11 +250,14 @@ impl Agent {
 
     /// Closes the host end and waits for `serve` to return.
     pub async fn close(mut self) -> Result<(), AgentError> {
-        let thread = self.thread.take().unwrap();
+        let thread = self.thread.take();
         drop(self);
-        tokio::task::spawn_blocking(move || thread.join().unwrap())
-            .await
-            .unwrap()
+        match thread {
+            Some(thread) => tokio::task::spawn_blocking(move || thread.join().unwrap())
+                .await
+                .unwrap(),
+            None => Ok(()),
+        }
     }
 }
 
