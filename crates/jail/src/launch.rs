@@ -269,13 +269,16 @@ impl Jail {
         // child waits for it before it enters its cgroup namespace and
         // execs, so nothing of the sandbox runs outside its limits.
         self.cgroup.add_process(self.init_pid as u32)?;
-        release(cgroup_write, "move the sandbox init into its cgroup")?;
+        // A child whose setup failed has already exited; then its own
+        // account below explains more than the broken pipe would.
+        let released = release(cgroup_write, "move the sandbox init into its cgroup");
 
         let mut message = String::new();
         let _ = fs::File::from(err_read).read_to_string(&mut message);
         if !message.is_empty() {
             return Err(LaunchError::Setup(message));
         }
+        released?;
         if let Ok(Some(status)) = rustix::process::waitpid(
             rustix::process::Pid::from_raw(self.init_pid),
             rustix::process::WaitOptions::NOHANG,
