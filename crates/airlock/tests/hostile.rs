@@ -309,3 +309,80 @@ fn symlinks_in_a_template_cannot_redirect_setup_to_the_host() {
         "setup wrote through a template symlink to the host: {leaked:?}"
     );
 }
+
+#[test]
+fn host_ipc_objects_are_invisible() {
+    // A System V shared memory segment of the host, with a recognisable key.
+    let created = std::process::Command::new("ipcmk")
+        .args(["-M", "4096"])
+        .output()
+        .expect("ipcmk (util-linux) runs");
+    assert!(created.status.success(), "ipcmk failed");
+    let text = String::from_utf8_lossy(&created.stdout);
+    let id = text.split_whitespace().last().unwrap().to_owned();
+    let value = sh_json(&[], "tail -n +2 /proc/sysvipc/shm | wc -l");
+    let _ = std::process::Command::new("ipcrm")
+        .args(["-m", &id])
+        .status();
+    assert_eq!(
+        stdout(&value),
+        "0\n",
+        "host shm segments are visible inside"
+    );
+}
+
+#[test]
+fn cgroup_namespace_hides_host_cgroup_paths() {
+    let value = sh_json(&[], "cat /proc/self/cgroup");
+    let text = stdout(&value);
+    assert!(
+        !text.contains("airlock") && !text.contains("sbx-"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.ends_with(":/")), "{text}");
+}
+
+#[test]
+fn sensitive_proc_entries_are_masked() {
+    let value = sh_json(
+        &["--user", "root"],
+        "wc -c < /proc/timer_list; wc -c < /proc/keys; (echo 1 > /proc/sys/kernel/ns_last_pid) 2>/dev/null && echo WROTE_SYS; \
+         (echo b > /proc/sysrq-trigger) 2>/dev/null && echo WROTE_SYSRQ; echo end",
+    );
+    assert_eq!(stdout(&value), "0\n0\nend\n");
+}
+
+#[test]
+fn dev_is_minimal_and_read_only() {
+    let value = sh_json(&["--user", "root"], "ls /dev | tr '\\n' ' '; mknod /dev/sda b 8 0 2>/dev/null && echo MKNOD; touch /dev/x 2>/dev/null && echo TOUCH; echo");
+    assert_eq!(
+        stdout(&value),
+        "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero \n"
+    );
+}
+
+#[test]
+fn ptrace_is_denied_even_for_root() {
+    let script = "python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); \
+                  r = libc.ptrace(16, 1, 0, 0); print(r, ctypes.get_errno())'";
+    let value = sh_json(&["--user", "root"], script);
+    assert_eq!(stdout(&value), "-1 1\n");
+}
+
+#[test]
+fn cpu_quota_throttles_a_busy_loop() {
+    let value = sh_json(&["--cpus", "0.2", "--timeout", "2s"], "while :; do :; done");
+    assert_eq!(value["timed_out"], true);
+    let cpu = value["cpu_time_ms"].as_u64().unwrap();
+    // 0.2 CPU for 2 s is 400 ms; unthrottled it would be about 2000 ms.
+    assert!(cpu < 900, "cpu time {cpu} ms under a 0.2 CPU quota");
+}
+
+#[test]
+fn core_dumps_are_off_and_file_size_is_capped() {
+    let value = sh_json(
+        &["--disk", "64M"],
+        "python3 -c 'import resource as r; print(r.getrlimit(r.RLIMIT_CORE), r.getrlimit(r.RLIMIT_FSIZE))'",
+    );
+    assert_eq!(stdout(&value), "(0, 0) (67108864, 67108864)\n");
+}
