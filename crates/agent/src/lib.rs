@@ -7,7 +7,7 @@
 //! sandbox, because the agent itself lives in the sandbox root.
 //!
 //! The one entry point is [`serve`]. It runs a single-threaded tokio runtime
-//! (plus at most four blocking threads for file work and process creation,
+//! (plus at most four blocking threads for file work,
 //! since the sandbox has a pids limit) and returns when the host closes the
 //! stream, after killing every process it started.
 //!

@@ -231,3 +231,27 @@ fn directory_template_with_busybox() {
         "writes must go to the private upper layer"
     );
 }
+
+#[test]
+fn concurrent_sandboxes_start_and_clean_up_independently() {
+    // Launchers sweep each other's leftovers; none may take a live
+    // sandbox's fresh cgroup for an orphan.
+    let handles: Vec<_> = (0..24)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let value = sh_json(&[], &format!("echo sandbox-{i}; hostname"));
+                let text = stdout(&value).to_owned();
+                (i, text, value["sandbox_id"].as_str().unwrap().to_owned())
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for handle in handles {
+        let (i, text, id) = handle.join().unwrap();
+        assert_eq!(text, format!("sandbox-{i}\n{id}\n"));
+        ids.push(id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 24, "sandbox ids must be unique");
+}

@@ -305,6 +305,9 @@ impl RootfsSys for RootDir {
         };
         self.mount_on(Some(&source), path, None, libc::MS_BIND, None)
             .map_err(fail("bind", path))?;
+        if !read_only && flags == Flags::default() {
+            return Ok(());
+        }
         self.remount(path, read_only, flags)
             .map_err(fail("remount", path))
     }
@@ -347,7 +350,69 @@ impl RootfsSys for RootDir {
             None,
         )
         .map_err(fail("bind", path))?;
-        self.remount(path, true, Flags::default())
-            .map_err(fail("remount read-only", path))
+        let tree = self
+            .resolve(path, OFlags::PATH)
+            .map_err(fail("open", path))?;
+        set_mount_attributes(&tree, READ_ONLY_ATTRS, true).map_err(fail("make read-only", path))
+    }
+
+    fn seal_mount(&mut self, path: &str) -> Result<(), SetupError> {
+        let mount = self
+            .resolve(path, OFlags::PATH)
+            .map_err(fail("open", path))?;
+        set_mount_attributes(&mount, MOUNT_ATTR_RDONLY, false).map_err(fail("make read-only", path))
+    }
+}
+
+// From <linux/mount.h>; the libc crate does not carry them.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const READ_ONLY_ATTRS: u64 = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// `struct mount_attr` of mount_setattr(2), version 0.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Sets mount attributes on the mount at `fd` (and every mount below it
+/// when `recursive`) with mount_setattr(2): one call for a whole tree.
+fn set_mount_attributes(fd: &OwnedFd, attrs: u64, recursive: bool) -> Result<(), Errno> {
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let mut flags = libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= AT_RECURSIVE;
+    }
+    // SAFETY: `fd` is an open descriptor, the path is an empty C string with
+    // AT_EMPTY_PATH, and `attr` is a valid, initialized mount_attr whose size
+    // is passed alongside; the kernel only reads it.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Errno::from_raw_os_error(
+            std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO),
+        ))
     }
 }

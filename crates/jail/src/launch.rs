@@ -224,6 +224,10 @@ impl Jail {
             | libc::CLONE_NEWNET
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
+        // On cgroup v1 the launcher steps into the sandbox's cgroup for the
+        // clone, so the child is born inside it (see
+        // `SandboxCgroup::enter_with_current_thread`).
+        let way_back = self.cgroup.enter_with_current_thread()?;
         // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
         // like fork(2): the child gets a copy-on-write copy of this address
         // space and continues here. The process is single-threaded (checked
@@ -256,6 +260,9 @@ impl Jail {
         self.init_pid = pid as i32;
         self.reaped = false;
         drop(context);
+        if let Some(way_back) = &way_back {
+            way_back.go()?;
+        }
 
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
         let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
@@ -264,11 +271,14 @@ impl Jail {
         fs::write(format!("/proc/{pid}/gid_map"), &map)
             .map_err(|e| LaunchError::Io("write the gid map", e))?;
         release(go_write, "start the sandbox init")?;
-        // Moving a task between v1 cgroups waits for an RCU grace period
-        // (milliseconds), so it runs while the child builds its root; the
-        // child waits for it before it enters its cgroup namespace and
-        // execs, so nothing of the sandbox runs outside its limits.
-        self.cgroup.add_process(self.init_pid as u32)?;
+        // Without the v1 shortcut the child is moved now. That waits for an
+        // RCU grace period (milliseconds), so it runs while the child builds
+        // its root; the child waits for it before it enters its cgroup
+        // namespace and execs, so nothing of the sandbox runs outside its
+        // limits.
+        if way_back.is_none() {
+            self.cgroup.add_process(self.init_pid as u32)?;
+        }
         // A child whose setup failed has already exited; then its own
         // account below explains more than the broken pipe would.
         let released = release(cgroup_write, "move the sandbox init into its cgroup");

@@ -82,9 +82,13 @@ pub enum SetupOp {
     MaskFile { path: String },
     /// Hides a directory under an empty read-only tmpfs, when it exists.
     MaskDir { path: String },
-    /// Makes an existing path (and what is mounted below it) a read-only
-    /// mount, when it exists.
+    /// Makes an existing path and everything mounted below it read-only,
+    /// nosuid and nodev, when it exists (a bind of the path onto itself, then
+    /// one recursive attribute change).
     ReadOnly { path: String },
+    /// Makes the mount whose root is `path` read-only, leaving the mounts
+    /// below it as they are.
+    SealMount { path: String },
 }
 
 /// Facts about the host the plan depends on, gathered before planning.
@@ -203,12 +207,14 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
             });
         }
         for (name, kind) in &facts.shared_etc {
+            // Left writable here: the recursive read-only of etc below
+            // covers these binds in one step.
             ops.push(SetupOp::BindHost {
                 source: PathBuf::from("/etc").join(name),
                 path: format!("etc/{name}"),
                 kind: *kind,
-                read_only: true,
-                flags: HARDENED,
+                read_only: false,
+                flags: Flags::default(),
             });
         }
         ops.push(SetupOp::ReadOnly { path: "etc".into() });
@@ -308,12 +314,14 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
         flags: NOSUID_NOEXEC,
     });
     for device in DEVICES {
+        // A device node has nothing beneath it to exec or setuid: the bind
+        // needs no flags of its own.
         ops.push(SetupOp::BindHost {
             source: PathBuf::from("/dev").join(device),
             path: format!("dev/{device}"),
             kind: NodeKind::File,
             read_only: false,
-            flags: NOSUID_NOEXEC,
+            flags: Flags::default(),
         });
     }
     ops.push(mkdir("dev/pts", 0o755, 0));
@@ -342,7 +350,7 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
             target: target.into(),
         });
     }
-    ops.push(SetupOp::ReadOnly { path: "dev".into() });
+    ops.push(SetupOp::SealMount { path: "dev".into() });
     if host_template {
         writable.extend(
             DEVICES
@@ -411,6 +419,7 @@ pub trait RootfsSys {
     fn exists(&mut self, path: &str) -> bool;
     fn mask_file(&mut self, path: &str) -> Result<(), Self::Error>;
     fn read_only(&mut self, path: &str) -> Result<(), Self::Error>;
+    fn seal_mount(&mut self, path: &str) -> Result<(), Self::Error>;
 }
 
 /// Runs the plan's ops in order.
@@ -464,6 +473,7 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                     sys.read_only(path)?;
                 }
             }
+            SetupOp::SealMount { path } => sys.seal_mount(path)?,
         }
     }
     Ok(())
@@ -537,6 +547,10 @@ mod tests {
             self.calls.push(format!("ro {path}"));
             Ok(())
         }
+        fn seal_mount(&mut self, path: &str) -> Result<(), ()> {
+            self.calls.push(format!("seal {path}"));
+            Ok(())
+        }
     }
 
     fn position(calls: &[String], call: &str) -> usize {
@@ -557,7 +571,7 @@ mod tests {
         let calls = &rec.calls;
         position(calls, "bind /usr usr ro=true");
         position(calls, "symlink bin -> usr/bin");
-        position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true");
+        position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=false");
         // /etc is made read-only after everything inside it exists.
         assert!(position(calls, "write etc/passwd") < position(calls, "ro etc"));
         assert!(
@@ -572,7 +586,7 @@ mod tests {
             "absent paths are skipped"
         );
         // /dev is read-only after its nodes are bound.
-        assert!(position(calls, "bind /dev/null dev/null ro=false") < position(calls, "ro dev"));
+        assert!(position(calls, "bind /dev/null dev/null ro=false") < position(calls, "seal dev"));
         position(calls, "mkdir home/user 755 1000");
         position(calls, "mkdir tmp 1777 0");
         assert!(plan.writable.contains(&"/home/user".to_string()));

@@ -149,6 +149,12 @@ impl RuntimeDir {
     /// slot records. Cgroups with no live record are stale too. Returns the
     /// ids cleaned up.
     pub fn sweep(&self, layout: Option<&CgroupLayout>) -> Vec<String> {
+        // Cgroups are listed before the records are read. A launcher writes
+        // its record before it creates its cgroup, so every cgroup seen here
+        // whose launcher is alive has a record by the time it is read below;
+        // the other order would take a launcher's brand-new cgroup for an
+        // orphan.
+        let cgroups = layout.map(list_sandbox_cgroups).unwrap_or_default();
         let mut live = Vec::new();
         let mut cleaned = Vec::new();
         if let Ok(entries) = fs::read_dir(self.slots()) {
@@ -173,7 +179,7 @@ impl RuntimeDir {
             }
         }
         if let Some(layout) = layout {
-            for name in list_sandbox_cgroups(layout) {
+            for name in cgroups {
                 if !live.contains(&name) && !cleaned.contains(&name) {
                     let cgroup = SandboxCgroup::existing(layout.clone(), &name);
                     if cgroup.pids().is_empty() && cgroup.remove().is_ok() {
