@@ -574,8 +574,10 @@ mod tests {
         position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=false");
         // /etc is made read-only after everything inside it exists.
         assert!(position(calls, "write etc/passwd") < position(calls, "ro etc"));
+        // The shared /etc binds become read-only with the recursive
+        // read-only of etc, so they must come before it.
         assert!(
-            position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=true")
+            position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=false")
                 < position(calls, "ro etc")
         );
         // Sensitive procfs entries are masked only after procfs is mounted.
