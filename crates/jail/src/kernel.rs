@@ -101,21 +101,27 @@ impl RootDir {
         Ok((self.resolve(dir, OFlags::PATH | OFlags::DIRECTORY)?, name))
     }
 
-    /// Creates every missing directory of `path` (0755, owned by root).
+    /// Creates every missing directory of `path` (0755, owned by root). The
+    /// parent is looked at first: in the common case it exists and this is
+    /// one resolution and one mkdirat.
     fn mkdir_all(&self, path: &str) -> Result<(), Errno> {
-        let mut prefix = String::new();
-        for part in path.split('/').filter(|p| !p.is_empty()) {
-            if !prefix.is_empty() {
-                prefix.push('/');
-            }
-            prefix.push_str(part);
-            let (parent, name) = self.parent(&prefix)?;
-            match mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
-                Err(e) => return Err(e),
-            }
+        let path = path.trim_matches('/');
+        if path.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let (parent, name) = match self.parent(path) {
+            Ok(found) => found,
+            Err(Errno::NOENT) => {
+                let (dir, _) = path.rsplit_once('/').ok_or(Errno::NOENT)?;
+                self.mkdir_all(dir)?;
+                self.parent(path)?
+            }
+            Err(e) => return Err(e),
+        };
+        match mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) | Err(Errno::EXIST) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Mounts over the resolved `path` through its `/proc/self/fd` link.

@@ -159,6 +159,10 @@ impl RuntimeDir {
         let mut cleaned = Vec::new();
         if let Ok(entries) = fs::read_dir(self.slots()) {
             for entry in entries.flatten() {
+                // Free slots are empty files: skip them without opening.
+                if entry.metadata().map_or(true, |m| m.len() == 0) {
+                    continue;
+                }
                 let Ok(mut file) = OpenOptions::new().read(true).write(true).open(entry.path())
                 else {
                     continue;
