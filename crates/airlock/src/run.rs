@@ -195,7 +195,9 @@ pub fn main(args: RunArgs) -> ExitCode {
     let outcome = runtime.block_on(session(&args, &spec, &mut jail));
     let stats = jail.stats();
     let teardown = jail.teardown();
-    drop(runtime);
+    // A thread may still be blocked reading our stdin (a terminal the
+    // command never read from): do not wait for it.
+    runtime.shutdown_background();
     let mut outcome = match outcome {
         Ok(outcome) => outcome,
         Err(message) => {
@@ -363,7 +365,11 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
                     (1, Event::Error { message, .. }) => return Err(format!("the agent refused the session: {message}")),
                     (SPAWN_ID, Event::Started { pid: started }) => {
                         pid = Some(started);
-                        tokio::spawn(forward_stdin(tx.clone(), started));
+                        if stdin_is_dev_null() {
+                            let _ = tx.try_send(Frame::new(4, Request::CloseStdin { pid: started }));
+                        } else {
+                            tokio::spawn(forward_stdin(tx.clone(), started));
+                        }
                     }
                     (SPAWN_ID, Event::Stdout) => emit(args.json, &mut stdout, &frame.payload, &mut std::io::stdout()),
                     (SPAWN_ID, Event::Stderr) => emit(args.json, &mut stderr, &frame.payload, &mut std::io::stderr()),
@@ -422,6 +428,19 @@ fn emit(collect: bool, buffer: &mut Vec<u8>, bytes: &[u8], out: &mut dyn Write) 
         // A closed stdout of ours must not stop the sandbox's teardown.
         let _ = out.write_all(bytes).and_then(|()| out.flush());
     }
+}
+
+/// True when our stdin is /dev/null: nothing to forward, and no thread to
+/// start for reading it.
+fn stdin_is_dev_null() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(null) = std::fs::metadata("/dev/null") else {
+        return false;
+    };
+    let Ok(stdin) = rustix::fs::fstat(rustix::stdio::stdin()) else {
+        return false;
+    };
+    (stdin.st_mode & libc::S_IFMT) == libc::S_IFCHR && stdin.st_rdev == null.rdev()
 }
 
 /// Copies our stdin to the process; closes its stdin at our EOF.

@@ -347,7 +347,8 @@ fn sensitive_proc_entries_are_masked() {
     let value = sh_json(
         &["--user", "root"],
         "wc -c < /proc/timer_list; wc -c < /proc/keys; (echo 1 > /proc/sys/kernel/ns_last_pid) 2>/dev/null && echo WROTE_SYS; \
-         (echo b > /proc/sysrq-trigger) 2>/dev/null && echo WROTE_SYSRQ; echo end",
+         (echo b > /proc/sysrq-trigger) 2>/dev/null && echo WROTE_SYSRQ; head -c1 /proc/kcore >/dev/null 2>&1 && echo READ_KCORE; \
+         head -c1 /proc/kpageflags >/dev/null 2>&1 && echo READ_KPAGEFLAGS; echo end",
     );
     assert_eq!(stdout(&value), "0\n0\nend\n");
 }

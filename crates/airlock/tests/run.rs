@@ -255,3 +255,29 @@ fn concurrent_sandboxes_start_and_clean_up_independently() {
     ids.dedup();
     assert_eq!(ids.len(), 24, "sandbox ids must be unique");
 }
+
+#[test]
+fn an_open_stdin_nobody_writes_does_not_hold_the_run() {
+    // Like a terminal the command never reads: the run must end with the
+    // command, not wait for an EOF that never comes.
+    require_root();
+    let mut child = std::process::Command::new(binary())
+        .args(["run", "--", "true"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _held_open = child.stdin.take();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success());
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("airlock run waited for stdin after the command ended");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

@@ -80,8 +80,6 @@ pub enum SetupOp {
     Devpts { path: String },
     /// Hides a file by binding /dev/null over it, when it exists.
     MaskFile { path: String },
-    /// Hides a directory under an empty read-only tmpfs, when it exists.
-    MaskDir { path: String },
     /// Makes an existing path and everything mounted below it read-only,
     /// nosuid and nodev, when it exists (a bind of the path onto itself, then
     /// one recursive attribute change).
@@ -124,29 +122,21 @@ pub const SHARED_ETC: &[&str] = &[
 ];
 /// Device nodes a sandbox gets, bound from the host.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
-/// procfs files hidden behind /dev/null.
+/// procfs files hidden behind /dev/null: the world-readable ones that tell
+/// about the host kernel. Files only the host's root may open (kcore,
+/// kpage*, sysrq-trigger, /proc/irq, /proc/bus, ...) need no mask: root of
+/// the sandbox is an unprivileged uid on the host, and the kernel denies
+/// it every inode owned by an unmapped uid whatever its capabilities.
 pub const PROC_MASKED_FILES: &[&str] = &[
-    "proc/kcore",
     "proc/keys",
     "proc/timer_list",
     "proc/sched_debug",
     "proc/latency_stats",
     "proc/kallsyms",
-    "proc/kpagecount",
-    "proc/kpageflags",
-    "proc/kpagecgroup",
-    "proc/config.gz",
 ];
-/// procfs directories hidden behind an empty tmpfs.
-pub const PROC_MASKED_DIRS: &[&str] = &["proc/acpi", "proc/scsi", "proc/asound"];
-/// procfs paths made read-only.
-pub const PROC_READ_ONLY: &[&str] = &[
-    "proc/sys",
-    "proc/sysrq-trigger",
-    "proc/irq",
-    "proc/bus",
-    "proc/fs",
-];
+/// procfs paths made read-only: the sysctls of the sandbox's own
+/// namespaces are writable by its root otherwise.
+pub const PROC_READ_ONLY: &[&str] = &["proc/sys"];
 
 /// The root filesystem plan and the paths Landlock lets the sandbox write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,11 +285,6 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
         PROC_MASKED_FILES
             .iter()
             .map(|p| SetupOp::MaskFile { path: (*p).into() }),
-    );
-    ops.extend(
-        PROC_MASKED_DIRS
-            .iter()
-            .map(|p| SetupOp::MaskDir { path: (*p).into() }),
     );
     ops.extend(
         PROC_READ_ONLY
@@ -462,12 +447,6 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                     sys.mask_file(path)?;
                 }
             }
-            SetupOp::MaskDir { path } => {
-                if sys.exists(path) {
-                    sys.mount_fs("tmpfs", path, "size=0,mode=0555", HARDENED)?;
-                    sys.read_only(path)?;
-                }
-            }
             SetupOp::ReadOnly { path } => {
                 if sys.exists(path) {
                     sys.read_only(path)?;
@@ -564,7 +543,7 @@ mod tests {
     fn host_template_shares_system_dirs_read_only_and_generates_etc() {
         let plan = plan(&SandboxSpec::default(), &facts(), "sbx-1");
         let mut rec = Recorder {
-            present: vec!["proc/kcore", "proc/sys"],
+            present: vec!["proc/timer_list", "proc/sys"],
             ..Default::default()
         };
         apply(&plan, &mut rec).unwrap();
@@ -581,7 +560,7 @@ mod tests {
                 < position(calls, "ro etc")
         );
         // Sensitive procfs entries are masked only after procfs is mounted.
-        assert!(position(calls, "mount proc proc") < position(calls, "mask proc/kcore"));
+        assert!(position(calls, "mount proc proc") < position(calls, "mask proc/timer_list"));
         position(calls, "ro proc/sys");
         assert!(
             !calls.iter().any(|c| c == "mask proc/keys"),

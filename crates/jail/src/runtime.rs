@@ -110,12 +110,12 @@ impl RuntimeDir {
             (self.slots(), 0o700),
         ] {
             match fs::create_dir(&dir) {
-                Ok(()) => {}
+                // The mode is set once, on creation (not under the umask).
+                Ok(()) => fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
+                    .map_err(|e| RuntimeError::Dir(dir.clone(), e))?,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(RuntimeError::Dir(dir, e)),
             }
-            fs::set_permissions(&dir, fs::Permissions::from_mode(mode))
-                .map_err(|e| RuntimeError::Dir(dir.clone(), e))?;
         }
         Ok(())
     }
