@@ -193,6 +193,17 @@ fn locked_flags(fd: &OwnedFd) -> Result<libc::c_ulong, Errno> {
     Ok(out)
 }
 
+/// `Ok` for a system call that returned 0, else the errno it left.
+fn zero_or_errno(rc: i64) -> Result<(), Errno> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let raw = std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO);
+    Err(Errno::from_raw_os_error(raw))
+}
+
 /// mount(2) with optional strings.
 pub fn raw_mount(
     source: Option<&str>,
@@ -219,15 +230,7 @@ pub fn raw_mount(
             ptr(&data).cast(),
         )
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(Errno::from_raw_os_error(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ))
-    }
+    zero_or_errno(rc.into())
 }
 
 impl RootfsSys for RootDir {
@@ -412,13 +415,5 @@ fn set_mount_attributes(fd: &OwnedFd, attrs: u64, recursive: bool) -> Result<(),
             std::mem::size_of::<MountAttr>(),
         )
     };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(Errno::from_raw_os_error(
-            std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO),
-        ))
-    }
+    zero_or_errno(rc.into())
 }
