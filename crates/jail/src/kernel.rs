@@ -415,5 +415,5 @@ fn set_mount_attributes(fd: &OwnedFd, attrs: u64, recursive: bool) -> Result<(),
             std::mem::size_of::<MountAttr>(),
         )
     };
-    zero_or_errno(rc.into())
+    zero_or_errno(rc)
 }
