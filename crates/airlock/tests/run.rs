@@ -281,3 +281,41 @@ fn an_open_stdin_nobody_writes_does_not_hold_the_run() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+#[test]
+fn signals_to_the_cli_reach_the_command() {
+    require_root();
+    let child = std::process::Command::new(binary())
+        .args([
+            "run",
+            "--",
+            "/bin/sh",
+            "-c",
+            "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.05; done",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let mut stdout = child.stdout.unwrap();
+    let mut ready = [0u8; 6];
+    std::io::Read::read_exact(&mut stdout, &mut ready).unwrap();
+    assert_eq!(&ready, b"ready\n");
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert_eq!(rest, "got-term\n");
+    let mut status = 0;
+    // SAFETY: waitpid on our own child; `status` is a valid out-pointer.
+    unsafe {
+        libc::waitpid(pid, &mut status, 0);
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
+        "status {status:#x}"
+    );
+}
