@@ -285,7 +285,7 @@ fn an_open_stdin_nobody_writes_does_not_hold_the_run() {
 #[test]
 fn signals_to_the_cli_reach_the_command() {
     require_root();
-    let child = std::process::Command::new(binary())
+    let mut child = std::process::Command::new(binary())
         .args([
             "run",
             "--",
@@ -297,25 +297,17 @@ fn signals_to_the_cli_reach_the_command() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id() as i32;
-    let mut stdout = child.stdout.unwrap();
+    let mut stdout = child.stdout.take().unwrap();
     let mut ready = [0u8; 6];
     std::io::Read::read_exact(&mut stdout, &mut ready).unwrap();
     assert_eq!(&ready, b"ready\n");
-    // SAFETY: kill(2) on our own child's pid.
+    // SAFETY: kill(2) on our own, not yet reaped child.
     unsafe {
-        libc::kill(pid, libc::SIGTERM);
+        libc::kill(child.id() as i32, libc::SIGTERM);
     }
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     assert_eq!(rest, "got-term\n");
-    let mut status = 0;
-    // SAFETY: waitpid on our own child; `status` is a valid out-pointer.
-    unsafe {
-        libc::waitpid(pid, &mut status, 0);
-    }
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7,
-        "status {status:#x}"
-    );
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(7), "{status:?}");
 }
