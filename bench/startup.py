@@ -5,13 +5,12 @@ For each workload, alternates `airlock run -- CMD` with `bwrap <equivalent
 policy> CMD` N times and prints the median wall time of each and the ratio.
 The bwrap policy matches airlock's namespaces (user, pid, net, ipc, uts,
 mount) with a read-only /usr, a fresh /proc, a minimal /dev and a tmpfs /tmp.
-Also prints the host-side peak RSS of `airlock run` (launcher plus the agent,
-from wait4's rusage). Target: airlock <= 1.5x bwrap.
+Also prints the host-side peak RSS (VmHWM) of the `airlock run` process and of
+the agent, the sandbox's PID 1. Target: airlock <= 1.5x bwrap.
 """
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -42,6 +41,36 @@ def timed(argv):
     return elapsed
 
 
+def vm_hwm_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_rss(airlock):
+    """VmHWM of the CLI and of the agent (the sandbox's PID 1, its child),
+    read while the command runs."""
+    proc = subprocess.Popen([airlock, "run", "--", "sleep", "1"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    agent = None
+    deadline = time.time() + 5
+    while agent is None and time.time() < deadline:
+        time.sleep(0.05)
+        try:
+            with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+                kids = f.read().split()
+            agent = int(kids[0]) if kids else None
+        except OSError:
+            break
+    time.sleep(0.3)
+    cli = vm_hwm_kib(proc.pid)
+    agent_kib = vm_hwm_kib(agent) if agent else 0
+    proc.wait()
+    return cli, agent_kib
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--airlock", default="target/x86_64-unknown-linux-gnu/release/airlock")
@@ -69,26 +98,19 @@ def main():
         results[name] = {"airlock_ms": am * 1e3, "bwrap_ms": bm * 1e3, "ratio": am / bm,
                          "airlock_p90_ms": sorted(a)[int(len(a) * 0.9)] * 1e3}
 
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    pid = os.fork()
-    if pid == 0:
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        os.execv(args.airlock, [args.airlock, "run", "--", "true"])
-    _, _, usage = os.wait4(pid, 0)
-    rss_kib = usage.ru_maxrss
+    cli_hwm, agent_hwm = peak_rss(args.airlock)
 
     if args.json:
-        print(json.dumps({"runs": args.n, "workloads": results, "host_peak_rss_kib": rss_kib}))
+        print(json.dumps({"runs": args.n, "workloads": results,
+                          "cli_peak_rss_kib": cli_hwm, "agent_peak_rss_kib": agent_hwm}))
         return
     print(f"{'workload':<18}{'airlock p50':>13}{'bwrap p50':>12}{'ratio':>8}{'airlock p90':>13}")
     for name, r in results.items():
         verdict = "ok" if r["ratio"] <= 1.5 else "OVER TARGET"
         print(f"{name:<18}{r['airlock_ms']:>10.2f} ms{r['bwrap_ms']:>9.2f} ms{r['ratio']:>7.2f}x"
               f"{r['airlock_p90_ms']:>10.2f} ms  {verdict} (target <= 1.5x)")
-    print(f"host-side peak RSS of `airlock run -- true`: {rss_kib / 1024:.1f} MiB ({args.n} runs each)")
-    del before
+    print(f"host-side peak RSS (VmHWM) during `airlock run -- sleep`: CLI {cli_hwm / 1024:.1f} MiB, "
+          f"agent {agent_hwm / 1024:.1f} MiB ({args.n} runs each)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+//! The `events` table: the queryable copy of the audit trail.
+
+use rusqlite::types::Type;
+use rusqlite::{params, Row};
+
+use crate::{check_limit, EventRow, ListQuery, NewEvent, Store, StoreError};
+
+fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
+    let detail: String = row.get(6)?;
+    let detail = serde_json::from_str(&detail)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(6, Type::Text, Box::new(e)))?;
+    Ok(EventRow {
+        seq: row.get(0)?,
+        sandbox_id: row.get(1)?,
+        request_id: row.get(2)?,
+        stream: row.get(3)?,
+        kind: row.get(4)?,
+        at: row.get(5)?,
+        detail,
+    })
+}
+
+impl Store {
+    /// Appends an event and returns its sequence number, which is larger
+    /// than that of every event appended before it.
+    pub fn append_event(&self, event: &NewEvent) -> Result<i64, StoreError> {
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT INTO events (sandbox_id, request_id, stream, kind, at, detail_json) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING seq",
+        )?;
+        Ok(stmt.query_row(
+            params![
+                event.sandbox_id,
+                event.request_id,
+                event.stream,
+                event.kind,
+                event.at,
+                event.detail.to_string(),
+            ],
+            |row| row.get(0),
+        )?)
+    }
+
+    /// Up to `limit` (1..=1000) events of one sandbox with a sequence number
+    /// above `after_seq`, in order. Page on with the last `seq` returned;
+    /// start with 0.
+    pub fn events_for_sandbox(
+        &self,
+        sandbox_id: &str,
+        after_seq: i64,
+        limit: u32,
+    ) -> Result<Vec<EventRow>, StoreError> {
+        let limit = check_limit(Some(limit), ListQuery::DEFAULT_LIMIT)?;
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT seq, sandbox_id, request_id, stream, kind, at, detail_json FROM events \
+                 WHERE sandbox_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+            )?
+            .query_map(params![sandbox_id, after_seq, limit], event_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?)
+    }
+}

@@ -1,0 +1,95 @@
+//! The schema, as an ordered list of migrations keyed on `PRAGMA user_version`.
+//!
+//! Migration `i` (0-based) takes a database from version `i` to `i + 1`.
+//! Entries are append-only: once released, a migration is never edited; a
+//! change to the schema is a new entry at the end.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::StoreError;
+
+/// Every migration, in order. The database's `user_version` is the number of
+/// entries applied so far.
+pub(crate) const MIGRATIONS: &[&str] = &[V1];
+
+/// Version 1: sandboxes, API keys, events.
+///
+/// Tables are `STRICT` so a value of the wrong type is refused instead of
+/// silently stored. JSON columns are checked with `json_valid`; hashes must be
+/// 32 bytes (SHA-256). Times are unix milliseconds.
+const V1: &str = r#"
+CREATE TABLE api_keys (
+    id          TEXT    PRIMARY KEY NOT NULL,
+    name        TEXT    NOT NULL,
+    -- SHA-256 of the secret; the secret itself is never stored.
+    hash        BLOB    NOT NULL UNIQUE CHECK (length(hash) = 32),
+    is_admin    INTEGER NOT NULL CHECK (is_admin IN (0, 1)),
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+) STRICT;
+
+CREATE TABLE sandboxes (
+    id                 TEXT    PRIMARY KEY NOT NULL,
+    state              TEXT    NOT NULL
+                       CHECK (state IN ('creating', 'running', 'paused', 'stopping', 'dead')),
+    state_reason       TEXT,
+    tier               TEXT    NOT NULL,
+    template           TEXT    NOT NULL,
+    spec_json          TEXT    NOT NULL CHECK (json_valid(spec_json)),
+    metadata_json      TEXT    NOT NULL DEFAULT '{}'
+                       CHECK (json_valid(metadata_json) AND json_type(metadata_json) = 'object'),
+    owner_key_id       TEXT    NOT NULL REFERENCES api_keys (id) ON DELETE RESTRICT,
+    -- SHA-256 of the sandbox's access token; the token itself is never stored.
+    access_token_hash  BLOB    NOT NULL CHECK (length(access_token_hash) = 32),
+    created_at         INTEGER NOT NULL,
+    updated_at         INTEGER NOT NULL,
+    expires_at         INTEGER NOT NULL,
+    supervisor_pid     INTEGER CHECK (supervisor_pid IS NULL OR supervisor_pid > 0),
+    -- What teardown must release (cgroup, slot, mounts, ...), recorded before
+    -- any of it is created.
+    resources_json     TEXT    CHECK (resources_json IS NULL OR json_valid(resources_json))
+) STRICT;
+
+CREATE INDEX sandboxes_by_state   ON sandboxes (state);
+-- Only live sandboxes can expire; dead rows accumulate and stay out of it.
+CREATE INDEX sandboxes_by_expiry  ON sandboxes (expires_at) WHERE state <> 'dead';
+-- Keyset pagination order.
+CREATE INDEX sandboxes_by_created ON sandboxes (created_at, id);
+CREATE INDEX sandboxes_by_owner   ON sandboxes (owner_key_id, created_at, id);
+
+CREATE TABLE events (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    -- No foreign key: the audit trail outlives the sandbox row.
+    sandbox_id   TEXT,
+    request_id   TEXT,
+    stream       TEXT    NOT NULL CHECK (stream IN ('access', 'security', 'runtime')),
+    kind         TEXT    NOT NULL,
+    at           INTEGER NOT NULL,
+    detail_json  TEXT    NOT NULL CHECK (json_valid(detail_json))
+) STRICT;
+
+CREATE INDEX events_by_sandbox ON events (sandbox_id, seq);
+"#;
+
+/// Brings the database up to `migrations.len()`, applying the missing
+/// migrations and the version bump in one immediate transaction, so a crash
+/// or a failing migration leaves the previous version intact and two
+/// processes opening the same file at once do not both migrate.
+pub(crate) fn migrate(conn: &mut Connection, migrations: &[&str]) -> Result<(), StoreError> {
+    let supported = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    let start = match usize::try_from(found) {
+        Ok(start) if start <= migrations.len() => start,
+        _ => return Err(StoreError::SchemaVersion { found, supported }),
+    };
+    if start == migrations.len() {
+        return Ok(());
+    }
+    for sql in &migrations[start..] {
+        tx.execute_batch(sql)?;
+    }
+    tx.pragma_update(None, "user_version", supported)?;
+    tx.commit()?;
+    Ok(())
+}
