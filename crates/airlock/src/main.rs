@@ -1,6 +1,7 @@
 //! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
 
 mod run;
+mod supervise;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +26,10 @@ struct Cli {
 enum Command {
     /// Run one command in a fresh, ephemeral sandbox and tear it down.
     Run(Box<run::RunArgs>),
+    /// Own one sandbox for the daemon: launch it, serve its agent channel on
+    /// a unix socket, tear it down when it ends. Not for direct use.
+    #[command(hide = true)]
+    Supervise(supervise::SuperviseArgs),
     /// The in-sandbox agent (PID 1 of every sandbox). Not for direct use.
     #[command(hide = true)]
     Agent {
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Run(args) => run::main(*args),
+        Command::Supervise(args) => supervise::main(args),
         Command::Agent { fd } => agent(fd),
     }
 }

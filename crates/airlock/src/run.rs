@@ -253,7 +253,8 @@ pub fn main(args: RunArgs) -> ExitCode {
     ExitCode::from((code & 0xff) as u8)
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error and its sources as one line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

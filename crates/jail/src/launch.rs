@@ -42,6 +42,8 @@ pub enum LaunchError {
     TemplatePathUnsupported(PathBuf),
     #[error("mount source {0} does not exist")]
     MountSourceMissing(PathBuf),
+    #[error("`{0}` is not a sandbox id (sbx- and 1 to 32 lowercase hex digits)")]
+    BadId(String),
     #[error(
         "the process tier needs root: it maps a private uid range per sandbox and creates cgroups"
     )]
@@ -70,6 +72,7 @@ impl LaunchError {
                 | LaunchError::TemplateMissing(_)
                 | LaunchError::TemplatePathUnsupported(_)
                 | LaunchError::MountSourceMissing(_)
+                | LaunchError::BadId(_)
         )
     }
 }
@@ -112,6 +115,19 @@ impl Jail {
     /// Must be called from a single-threaded process: the child runs Rust
     /// code between clone and exec.
     pub fn launch(spec: &SandboxSpec, runtime: &RuntimeDir) -> Result<Jail, LaunchError> {
+        Jail::launch_named(spec, runtime, new_sandbox_id())
+    }
+
+    /// [`Jail::launch`] with an id chosen by the caller (the daemon records
+    /// the sandbox before it exists). The id must look like `sbx-` and hex.
+    pub fn launch_named(
+        spec: &SandboxSpec,
+        runtime: &RuntimeDir,
+        id: String,
+    ) -> Result<Jail, LaunchError> {
+        if !is_sandbox_id(&id) {
+            return Err(LaunchError::BadId(id));
+        }
         spec.validate()?;
         if let Template::Dir { path } = &spec.template {
             if !path.is_dir() {
@@ -136,7 +152,6 @@ impl Jail {
         runtime.prepare()?;
         runtime.sweep(Some(&layout));
 
-        let id = new_sandbox_id();
         let rootfs = rootfs::plan(spec, &HostFacts::gather(), &id);
         let program = seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?;
 
@@ -402,6 +417,17 @@ fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     let _ = rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty());
     bytes
+}
+
+/// True for `sbx-` followed by 1 to 32 lowercase hex digits: safe as a
+/// hostname, a cgroup name and a file name.
+pub fn is_sandbox_id(id: &str) -> bool {
+    id.strip_prefix("sbx-").is_some_and(|hex| {
+        (1..=32).contains(&hex.len())
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// `sbx-` and 16 random hex digits.

@@ -71,6 +71,33 @@ where
     Ok(())
 }
 
+/// Reads one whole frame as its encoded bytes, without decoding the header:
+/// for relays that pass frames on intact (a torn frame would desynchronize
+/// the stream for everything after it).
+pub async fn read_frame_bytes<R>(reader: &mut R) -> Result<Vec<u8>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
+    let mut lengths = [0u8; 8];
+    match reader.read_exact(&mut lengths).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
+        Err(e) => return Err(e.into()),
+    }
+    let header_len = u32::from_be_bytes([lengths[0], lengths[1], lengths[2], lengths[3]]) as usize;
+    let payload_len = u32::from_be_bytes([lengths[4], lengths[5], lengths[6], lengths[7]]) as usize;
+    if header_len > MAX_HEADER_BYTES {
+        return Err(FrameError::HeaderTooLarge(header_len));
+    }
+    if payload_len > MAX_PAYLOAD_BYTES {
+        return Err(FrameError::PayloadTooLarge(payload_len));
+    }
+    let mut frame = vec![0u8; 8 + header_len + payload_len];
+    frame[..8].copy_from_slice(&lengths);
+    reader.read_exact(&mut frame[8..]).await?;
+    Ok(frame)
+}
+
 /// Reads one frame. A clean end of stream before a frame starts is
 /// [`FrameError::Closed`]; lengths over the limits are refused before any
 /// allocation.

@@ -21,7 +21,10 @@
 mod codec;
 mod messages;
 
-pub use codec::{read_frame, write_frame, FrameError, MAX_HEADER_BYTES, MAX_PAYLOAD_BYTES};
+pub use codec::{
+    encode, read_frame, read_frame_bytes, write_frame, FrameError, MAX_HEADER_BYTES,
+    MAX_PAYLOAD_BYTES,
+};
 pub use messages::*;
 
 /// The protocol version this build speaks.

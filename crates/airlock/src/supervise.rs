@@ -1,0 +1,238 @@
+//! `airlock supervise`: the small per-sandbox process that owns a sandbox
+//! on behalf of the daemon.
+//!
+//! The daemon starts one supervisor per sandbox and hands it the spec on
+//! stdin. The supervisor launches the sandbox (from a fresh, single-threaded
+//! process, as launching requires), leaves the daemon's session, and serves
+//! the agent channel on a unix socket. The daemon connects to that socket;
+//! if the daemon dies or restarts, the sandbox lives on and the next daemon
+//! connects again (re-adoption). Frames are relayed whole, so a connection
+//! that breaks mid-frame never desynchronizes the agent stream. The sandbox
+//! ends when its agent exits or the supervisor gets SIGTERM; either way the
+//! supervisor runs the jail's teardown and removes its socket.
+//!
+//! Wire contract with the daemon: one JSON line on stdout, either
+//! `{"ready": {"id", "init_pid", "supervisor_pid", "socket"}}` or
+//! `{"error": {"message", "bad_input"}}`, then stdout is closed.
+
+use airlock_jail::runtime::RuntimeDir;
+use airlock_jail::Jail;
+use airlock_policy::SandboxSpec;
+use airlock_protocol::{read_frame_bytes, FrameError};
+use clap::Args;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, Mutex};
+
+/// Largest spec accepted on stdin.
+const MAX_SPEC_BYTES: u64 = 1 << 20;
+
+/// Options of `airlock supervise` (used by the daemon, not by people).
+#[derive(Args)]
+pub struct SuperviseArgs {
+    /// Id of the sandbox, chosen by the daemon (`sbx-` and hex).
+    #[arg(long)]
+    id: String,
+    /// Unix socket to serve the agent channel on.
+    #[arg(long)]
+    socket: PathBuf,
+}
+
+fn answer(value: serde_json::Value) {
+    let mut stdout = std::io::stdout();
+    let _ = writeln!(stdout, "{value}").and_then(|()| stdout.flush());
+}
+
+fn fail(message: String, bad_input: bool) -> ExitCode {
+    answer(json!({ "error": { "message": message, "bad_input": bad_input } }));
+    ExitCode::from(if bad_input {
+        crate::EXIT_BAD_INPUT
+    } else {
+        crate::EXIT_INTERNAL
+    })
+}
+
+pub fn main(args: SuperviseArgs) -> ExitCode {
+    let mut text = String::new();
+    if let Err(e) = std::io::stdin()
+        .take(MAX_SPEC_BYTES)
+        .read_to_string(&mut text)
+    {
+        return fail(format!("cannot read the spec from stdin: {e}"), true);
+    }
+    let spec: SandboxSpec = match serde_json::from_str(&text) {
+        Ok(spec) => spec,
+        Err(e) => return fail(format!("the spec is not valid: {e}"), true),
+    };
+    // Leave the daemon's session and process group: signals meant for the
+    // daemon (a terminal's ^C, a service manager stopping it) must not take
+    // its sandboxes down.
+    let _ = rustix::process::setsid();
+    let runtime_dir = RuntimeDir::system();
+    let mut jail = match Jail::launch_named(&spec, &runtime_dir, args.id.clone()) {
+        Ok(jail) => jail,
+        Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
+    };
+    let listener = match bind(&args.socket) {
+        Ok(listener) => listener,
+        Err(e) => {
+            return fail(
+                format!("cannot serve {}: {e}", args.socket.display()),
+                false,
+            )
+        }
+    };
+    let Some(channel) = jail.take_channel() else {
+        return fail("the agent channel is gone".into(), false);
+    };
+    answer(json!({ "ready": {
+        "id": jail.id(),
+        "init_pid": jail.init_pid(),
+        "supervisor_pid": std::process::id(),
+        "socket": args.socket,
+    }}));
+    // Nothing more goes to the daemon this way; /dev/null keeps stray
+    // writes from failing.
+    redirect_stdio_to_null();
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(_) => return ExitCode::from(crate::EXIT_INTERNAL),
+    };
+    let served = runtime.block_on(relay(listener, channel, &jail));
+    let torn_down = jail.teardown();
+    let _ = std::fs::remove_file(&args.socket);
+    runtime.shutdown_background();
+    match (served, torn_down) {
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        _ => ExitCode::from(crate::EXIT_INTERNAL),
+    }
+}
+
+fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+fn redirect_stdio_to_null() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..2 {
+            // SAFETY: dup2 onto stdin/stdout of this process; `null` is open
+            // for the duration of the call. stderr stays for diagnostics.
+            unsafe {
+                libc::dup2(null.as_raw_fd(), fd);
+            }
+        }
+    }
+}
+
+/// Relays whole frames between the agent and the current daemon connection
+/// until the agent goes away or SIGTERM/SIGINT arrives.
+async fn relay(
+    listener: std::os::unix::net::UnixListener,
+    channel: std::os::unix::net::UnixStream,
+    jail: &Jail,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listener = UnixListener::from_std(listener)?;
+    channel.set_nonblocking(true)?;
+    let (mut agent_reader, agent_writer) = UnixStream::from_std(channel)?.into_split();
+    let agent_writer = std::sync::Arc::new(Mutex::new(agent_writer));
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+
+    // The writer half of the current daemon connection, if any.
+    let mut daemon: Option<OwnedWriteHalf> = None;
+    let (lost_tx, mut lost_rx) = mpsc::channel::<u64>(4);
+    let mut generation: u64 = 0;
+    let mut inbound: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        tokio::select! {
+            frame = read_frame_bytes(&mut agent_reader) => match frame {
+                Ok(bytes) => {
+                    if let Some(writer) = daemon.as_mut() {
+                        if writer.write_all(&bytes).await.is_err() {
+                            daemon = None;
+                        }
+                    }
+                    // No daemon connected: the frame is dropped whole.
+                }
+                // The agent is gone: the sandbox has ended.
+                Err(FrameError::Closed) | Err(FrameError::Io(_)) => break,
+                Err(_) => {
+                    jail.kill();
+                    break;
+                }
+            },
+            accepted = listener.accept() => {
+                let (stream, _) = accepted?;
+                // A new daemon connection replaces the old one (the daemon restarted).
+                if let Some(task) = inbound.take() {
+                    task.abort();
+                }
+                generation += 1;
+                let (reader, writer) = stream.into_split();
+                daemon = Some(writer);
+                inbound = Some(tokio::spawn(forward_to_agent(
+                    reader,
+                    std::sync::Arc::clone(&agent_writer),
+                    lost_tx.clone(),
+                    generation,
+                )));
+            }
+            Some(lost) = lost_rx.recv() => {
+                if lost == generation {
+                    daemon = None;
+                }
+            }
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+        }
+    }
+    if let Some(task) = inbound {
+        task.abort();
+    }
+    Ok(())
+}
+
+/// Copies whole frames from a daemon connection to the agent. A frame is
+/// written only once it has fully arrived, so a daemon that dies mid-frame
+/// leaves the agent stream intact.
+async fn forward_to_agent(
+    mut reader: OwnedReadHalf,
+    agent: std::sync::Arc<Mutex<OwnedWriteHalf>>,
+    lost: mpsc::Sender<u64>,
+    generation: u64,
+) {
+    while let Ok(bytes) = read_frame_bytes(&mut reader).await {
+        let mut agent = agent.lock().await;
+        if agent.write_all(&bytes).await.is_err() {
+            break;
+        }
+    }
+    let _ = lost.send(generation).await;
+}
