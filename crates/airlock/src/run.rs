@@ -339,7 +339,10 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
             output_limit: spec.limits.output_bytes,
             limits: ProcessLimits {
                 nofile: spec.limits.nofile,
-                fsize_bytes: spec.limits.disk_bytes,
+                // One page over the disk quota: on the sandbox's own disk the
+                // quota's ENOSPC comes first; the limit still caps any one
+                // file written to a read-write host mount.
+                fsize_bytes: spec.limits.disk_bytes + 4096,
             },
         }),
     ))

@@ -385,5 +385,5 @@ fn core_dumps_are_off_and_file_size_is_capped() {
         &["--disk", "64M"],
         "python3 -c 'import resource as r; print(r.getrlimit(r.RLIMIT_CORE), r.getrlimit(r.RLIMIT_FSIZE))'",
     );
-    assert_eq!(stdout(&value), "(0, 0) (67108864, 67108864)\n");
+    assert_eq!(stdout(&value), "(0, 0) (67112960, 67112960)\n");
 }

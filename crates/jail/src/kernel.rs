@@ -365,6 +365,13 @@ impl RootfsSys for RootDir {
         set_mount_attributes(&tree, READ_ONLY_ATTRS, true).map_err(fail("make read-only", path))
     }
 
+    fn seal_tree(&mut self, path: &str) -> Result<(), SetupError> {
+        let tree = self
+            .resolve(path, OFlags::PATH)
+            .map_err(fail("open", path))?;
+        set_mount_attributes(&tree, READ_ONLY_ATTRS, true).map_err(fail("make read-only", path))
+    }
+
     fn seal_mount(&mut self, path: &str) -> Result<(), SetupError> {
         let mount = self
             .resolve(path, OFlags::PATH)

@@ -87,6 +87,9 @@ pub enum SetupOp {
     /// Makes the mount whose root is `path` read-only, leaving the mounts
     /// below it as they are.
     SealMount { path: String },
+    /// Makes the mount whose root is `path` and every mount below it
+    /// read-only, nosuid and nodev.
+    SealTree { path: String },
 }
 
 /// Facts about the host the plan depends on, gathered before planning.
@@ -182,7 +185,15 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
                 },
             });
         }
+        // /etc is a small tmpfs of its own, so it can be made read-only,
+        // with the shared binds inside it, in one step and without copying
+        // a mount tree.
         ops.push(mkdir("etc", 0o755, 0));
+        ops.push(SetupOp::Tmpfs {
+            path: "etc".into(),
+            options: "mode=0755,size=1m".into(),
+            flags: HARDENED,
+        });
         for (file, contents) in generated_etc(hostname) {
             ops.push(SetupOp::WriteFile {
                 path: format!("etc/{file}"),
@@ -207,7 +218,7 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
                 flags: Flags::default(),
             });
         }
-        ops.push(SetupOp::ReadOnly { path: "etc".into() });
+        ops.push(SetupOp::SealTree { path: "etc".into() });
     } else {
         // A template brings its own /etc; only the identity of this sandbox is written.
         ops.push(mkdir("etc", 0o755, 0));
@@ -405,6 +416,7 @@ pub trait RootfsSys {
     fn mask_file(&mut self, path: &str) -> Result<(), Self::Error>;
     fn read_only(&mut self, path: &str) -> Result<(), Self::Error>;
     fn seal_mount(&mut self, path: &str) -> Result<(), Self::Error>;
+    fn seal_tree(&mut self, path: &str) -> Result<(), Self::Error>;
 }
 
 /// Runs the plan's ops in order.
@@ -453,6 +465,7 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                 }
             }
             SetupOp::SealMount { path } => sys.seal_mount(path)?,
+            SetupOp::SealTree { path } => sys.seal_tree(path)?,
         }
     }
     Ok(())
@@ -530,6 +543,10 @@ mod tests {
             self.calls.push(format!("seal {path}"));
             Ok(())
         }
+        fn seal_tree(&mut self, path: &str) -> Result<(), ()> {
+            self.calls.push(format!("seal-tree {path}"));
+            Ok(())
+        }
     }
 
     fn position(calls: &[String], call: &str) -> usize {
@@ -550,14 +567,15 @@ mod tests {
         let calls = &rec.calls;
         position(calls, "bind /usr usr ro=true");
         position(calls, "symlink bin -> usr/bin");
+        assert!(position(calls, "mount tmpfs etc") < position(calls, "write etc/passwd"));
         position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=false");
         // /etc is made read-only after everything inside it exists.
-        assert!(position(calls, "write etc/passwd") < position(calls, "ro etc"));
+        assert!(position(calls, "write etc/passwd") < position(calls, "seal-tree etc"));
         // The shared /etc binds become read-only with the recursive
         // read-only of etc, so they must come before it.
         assert!(
             position(calls, "bind /etc/ld.so.cache etc/ld.so.cache ro=false")
-                < position(calls, "ro etc")
+                < position(calls, "seal-tree etc")
         );
         // Sensitive procfs entries are masked only after procfs is mounted.
         assert!(position(calls, "mount proc proc") < position(calls, "mask proc/timer_list"));
