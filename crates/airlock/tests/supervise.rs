@@ -34,12 +34,10 @@ struct Supervised {
     init_pid: i32,
 }
 
-fn supervise(spec: &str) -> Supervised {
-    require_root();
-    let id = unique_id();
-    let socket = format!("/run/airlock/sockets/{id}.sock");
+/// Starts `airlock supervise` and hands it `spec` on stdin, as the daemon will.
+fn start_supervisor(id: &str, socket: &str, spec: &str) -> Child {
     let mut child = Command::new(binary())
-        .args(["supervise", "--id", &id, "--socket", &socket])
+        .args(["supervise", "--id", id, "--socket", socket])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -50,6 +48,14 @@ fn supervise(spec: &str) -> Supervised {
         .unwrap()
         .write_all(spec.as_bytes())
         .unwrap();
+    child
+}
+
+fn supervise(spec: &str) -> Supervised {
+    require_root();
+    let id = unique_id();
+    let socket = format!("/run/airlock/sockets/{id}.sock");
+    let mut child = start_supervisor(&id, &socket, spec);
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -195,24 +201,7 @@ fn bad_specs_and_ids_are_refused() {
         ("sbx-00000000000000ab", "not json"),
         ("../../etc", "{}"),
     ] {
-        let mut child = Command::new(binary())
-            .args([
-                "supervise",
-                "--id",
-                id,
-                "--socket",
-                "/run/airlock/sockets/bad.sock",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(spec.as_bytes())
-            .unwrap();
+        let child = start_supervisor(id, "/run/airlock/sockets/bad.sock", spec);
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{id} {spec}");
         let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

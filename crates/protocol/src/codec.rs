@@ -71,10 +71,9 @@ where
     Ok(())
 }
 
-/// Reads one whole frame as its encoded bytes, without decoding the header:
-/// for relays that pass frames on intact (a torn frame would desynchronize
-/// the stream for everything after it).
-pub async fn read_frame_bytes<R>(reader: &mut R) -> Result<Vec<u8>, FrameError>
+/// Reads the two lengths that open a frame and checks them against the
+/// limits, before anything is allocated for them.
+async fn read_lengths<R>(reader: &mut R) -> Result<([u8; 8], usize, usize), FrameError>
 where
     R: AsyncRead + Unpin,
 {
@@ -92,6 +91,17 @@ where
     if payload_len > MAX_PAYLOAD_BYTES {
         return Err(FrameError::PayloadTooLarge(payload_len));
     }
+    Ok((lengths, header_len, payload_len))
+}
+
+/// Reads one whole frame as its encoded bytes, without decoding the header:
+/// for relays that pass frames on intact (a torn frame would desynchronize
+/// the stream for everything after it).
+pub async fn read_frame_bytes<R>(reader: &mut R) -> Result<Vec<u8>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
+    let (lengths, header_len, payload_len) = read_lengths(reader).await?;
     let mut frame = vec![0u8; 8 + header_len + payload_len];
     frame[..8].copy_from_slice(&lengths);
     reader.read_exact(&mut frame[8..]).await?;
@@ -106,20 +116,7 @@ where
     R: AsyncRead + Unpin,
     M: DeserializeOwned,
 {
-    let mut lengths = [0u8; 8];
-    match reader.read_exact(&mut lengths).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(FrameError::Closed),
-        Err(e) => return Err(e.into()),
-    }
-    let header_len = u32::from_be_bytes([lengths[0], lengths[1], lengths[2], lengths[3]]) as usize;
-    let payload_len = u32::from_be_bytes([lengths[4], lengths[5], lengths[6], lengths[7]]) as usize;
-    if header_len > MAX_HEADER_BYTES {
-        return Err(FrameError::HeaderTooLarge(header_len));
-    }
-    if payload_len > MAX_PAYLOAD_BYTES {
-        return Err(FrameError::PayloadTooLarge(payload_len));
-    }
+    let (_, header_len, payload_len) = read_lengths(reader).await?;
     let mut header = vec![0u8; header_len];
     reader.read_exact(&mut header).await?;
     let mut payload = vec![0u8; payload_len];

@@ -118,3 +118,23 @@ fn schema_snapshot_matches() {
         path.display()
     );
 }
+
+#[tokio::test]
+async fn raw_frames_are_relayed_byte_for_byte() {
+    let frame = Frame::with_payload(9, Request::WriteStdin { pid: 3 }, vec![1, 2, 3]);
+    let encoded = encode(&frame).unwrap();
+    let mut reader = &encoded[..];
+    assert_eq!(read_frame_bytes(&mut reader).await.unwrap(), encoded);
+    assert!(matches!(
+        read_frame_bytes(&mut reader).await,
+        Err(FrameError::Closed)
+    ));
+    let mut oversized = Vec::new();
+    oversized.extend_from_slice(&u32::MAX.to_be_bytes());
+    oversized.extend_from_slice(&0u32.to_be_bytes());
+    let mut reader = &oversized[..];
+    assert!(matches!(
+        read_frame_bytes(&mut reader).await,
+        Err(FrameError::HeaderTooLarge(_))
+    ));
+}
