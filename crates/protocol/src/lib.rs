@@ -18,9 +18,11 @@
 //! test fails when the types drift from it, so every change is deliberate.
 #![forbid(unsafe_code)]
 
+mod client;
 mod codec;
 mod messages;
 
+pub use client::{AgentClient, ClientError, Events};
 pub use codec::{
     encode, read_frame, read_frame_bytes, write_frame, FrameError, MAX_HEADER_BYTES,
     MAX_PAYLOAD_BYTES,

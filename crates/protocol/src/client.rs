@@ -1,0 +1,206 @@
+//! The host side of the protocol: many requests at once over one stream.
+//!
+//! [`AgentClient`] owns a connection to an agent (directly, or through a
+//! supervisor's socket). One task writes frames, one reads them and routes
+//! each event to the request that opened it by id. A request's events end
+//! with its final event; if the connection drops first, the request sees
+//! [`ClientError::Closed`] instead of hanging.
+//!
+//! Each request buffers a bounded number of events; a request whose events
+//! nobody reads holds up the router (and so the connection) once its buffer
+//! is full. That is backpressure by design: the daemon reads every stream it
+//! opens, and a slow client of the daemon must slow the agent down, not grow
+//! memory.
+
+use crate::{read_frame, write_frame, Event, Frame, FrameError, Request, PROTOCOL_VERSION};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// Frames queued towards the agent before senders wait.
+const OUTBOUND_QUEUE: usize = 64;
+/// Events buffered per request before the router waits for its reader.
+const EVENTS_PER_REQUEST: usize = 64;
+
+/// A request could not be carried out over the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the connection to the agent closed")]
+    Closed,
+    #[error("the agent speaks protocol version {0}, this host speaks {PROTOCOL_VERSION}")]
+    Version(u32),
+    #[error("the agent answered the greeting with {0:?}")]
+    Greeting(Box<Event>),
+}
+
+type Routes = Arc<Mutex<HashMap<u64, mpsc::Sender<Frame<Event>>>>>;
+
+/// A multiplexed connection to one agent. Clones share the connection;
+/// when the last one is dropped the connection is shut down.
+#[derive(Clone)]
+pub struct AgentClient {
+    outbound: mpsc::Sender<Frame<Request>>,
+    routes: Routes,
+    next_id: Arc<AtomicU64>,
+    /// Set by the router when the connection is gone, before it drops the
+    /// routes; a request registered after that sees it and fails at once.
+    closed: Arc<AtomicBool>,
+}
+
+/// The events of one request, in order, ending with its final event.
+pub struct Events {
+    id: u64,
+    inbound: mpsc::Receiver<Frame<Event>>,
+    done: bool,
+}
+
+impl Events {
+    /// The id of the request.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next event; `Ok(None)` after the final one.
+    pub async fn next(&mut self) -> Result<Option<Frame<Event>>, ClientError> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.inbound.recv().await {
+            Some(frame) => {
+                self.done = frame.msg.is_final();
+                Ok(Some(frame))
+            }
+            None => Err(ClientError::Closed),
+        }
+    }
+
+    /// Waits for the final event, discarding the others.
+    pub async fn finish(mut self) -> Result<Event, ClientError> {
+        let mut last = None;
+        while let Some(frame) = self.next().await? {
+            last = Some(frame.msg);
+        }
+        last.ok_or(ClientError::Closed)
+    }
+}
+
+impl AgentClient {
+    /// Starts the client on a connection and greets the agent. Request ids
+    /// start at `first_id`, so a daemon that reconnects after a restart can
+    /// pick ids no old request of the agent still uses.
+    pub async fn connect<S>(stream: S, first_id: u64) -> Result<AgentClient, ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (mut reader, mut writer) = tokio::io::split(stream);
+        let (outbound, mut queue) = mpsc::channel::<Frame<Request>>(OUTBOUND_QUEUE);
+        tokio::spawn(async move {
+            while let Some(frame) = queue.recv().await {
+                if write_frame(&mut writer, &frame).await.is_err() {
+                    break;
+                }
+            }
+            // Every handle is gone: tell the agent, which ends the session.
+            let _ = writer.shutdown().await;
+        });
+        let routes: Routes = Arc::default();
+        let router = Arc::clone(&routes);
+        let closed = Arc::new(AtomicBool::new(false));
+        let router_closed = Arc::clone(&closed);
+        tokio::spawn(async move {
+            loop {
+                let frame: Frame<Event> = match read_frame(&mut reader).await {
+                    Ok(frame) => frame,
+                    Err(FrameError::Decode(_)) => continue,
+                    Err(_) => break,
+                };
+                let route = {
+                    let routes = router.lock().unwrap_or_else(|p| p.into_inner());
+                    routes.get(&frame.id).cloned()
+                };
+                let Some(route) = route else {
+                    continue; // keepalives and events of requests nobody waits for
+                };
+                let last = frame.msg.is_final();
+                let id = frame.id;
+                let _ = route.send(frame).await;
+                if last {
+                    router.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                }
+            }
+            // Dropping every route ends every waiting request with Closed.
+            router_closed.store(true, Ordering::SeqCst);
+            router.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        });
+        let client = AgentClient {
+            outbound,
+            routes,
+            next_id: Arc::new(AtomicU64::new(first_id.max(1))),
+            closed,
+        };
+        match client
+            .request(Request::Hello {
+                version: PROTOCOL_VERSION,
+            })
+            .await?
+            .finish()
+            .await?
+        {
+            Event::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(client),
+            Event::Hello { version, .. } => Err(ClientError::Version(version)),
+            other => Err(ClientError::Greeting(Box::new(other))),
+        }
+    }
+
+    /// Sends a request and returns its events.
+    pub async fn request(&self, request: Request) -> Result<Events, ClientError> {
+        self.request_with_payload(request, Vec::new()).await
+    }
+
+    /// Sends a request carrying bytes (stdin, the first chunk of a file).
+    pub async fn request_with_payload(
+        &self,
+        request: Request,
+        payload: Vec<u8>,
+    ) -> Result<Events, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (route, inbound) = mpsc::channel(EVENTS_PER_REQUEST);
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, route);
+        if self.closed.load(Ordering::SeqCst)
+            || self
+                .outbound
+                .send(Frame::with_payload(id, request, payload))
+                .await
+                .is_err()
+        {
+            self.routes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            return Err(ClientError::Closed);
+        }
+        Ok(Events {
+            id,
+            inbound,
+            done: false,
+        })
+    }
+
+    /// Sends a follow-up frame of an open request (`write_data`, `write_end`).
+    pub async fn send(
+        &self,
+        id: u64,
+        request: Request,
+        payload: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        self.outbound
+            .send(Frame::with_payload(id, request, payload))
+            .await
+            .map_err(|_| ClientError::Closed)
+    }
+}
