@@ -359,10 +359,8 @@ impl RootfsSys for RootDir {
             None,
         )
         .map_err(fail("bind", path))?;
-        let tree = self
-            .resolve(path, OFlags::PATH)
-            .map_err(fail("open", path))?;
-        set_mount_attributes(&tree, READ_ONLY_ATTRS, true).map_err(fail("make read-only", path))
+        // The path is now the root of the new bind: seal it and its subtree.
+        self.seal_tree(path)
     }
 
     fn seal_tree(&mut self, path: &str) -> Result<(), SetupError> {

@@ -1,14 +1,11 @@
 //! The `events` table: the queryable copy of the audit trail.
 
-use rusqlite::types::Type;
 use rusqlite::{params, Row};
 
-use crate::{check_limit, EventRow, ListQuery, NewEvent, Store, StoreError};
+use crate::{check_limit, json_column, EventRow, ListQuery, NewEvent, Store, StoreError};
 
 fn event_from_row(row: &Row<'_>) -> rusqlite::Result<EventRow> {
-    let detail: String = row.get(6)?;
-    let detail = serde_json::from_str(&detail)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(6, Type::Text, Box::new(e)))?;
+    let detail = json_column(row, 6)?;
     Ok(EventRow {
         seq: row.get(0)?,
         sandbox_id: row.get(1)?,

@@ -131,6 +131,17 @@ pub(crate) fn now_millis() -> i64 {
 }
 
 /// Checks a page size: `None` is `default`, otherwise 1..=[`ListQuery::MAX_LIMIT`].
+/// Reads column `index` of `row`, stored as JSON text, into `T`.
+pub(crate) fn json_column<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    index: usize,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(index)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(index, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
 pub(crate) fn check_limit(limit: Option<u32>, default: u32) -> Result<u32, StoreError> {
     match limit {
         None => Ok(default),

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::types::{Type, Value};
+use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, ErrorCode, OptionalExtension, Row};
 
 use crate::secret::{hash_secret, hashes_match, hex, unhex};
 use crate::{
-    check_limit, now_millis, Entity, ListQuery, NewSandbox, Page, SandboxRow, State, Store,
-    StoreError,
+    check_limit, json_column, now_millis, Entity, ListQuery, NewSandbox, Page, SandboxRow, State,
+    Store, StoreError,
 };
 
 /// The columns of a [`SandboxRow`], in the order [`sandbox_from_row`] reads.
@@ -16,9 +16,7 @@ const COLUMNS: &str = "id, state, state_reason, tier, template, spec_json, metad
      owner_key_id, created_at, updated_at, expires_at, supervisor_pid, resources_json";
 
 fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<SandboxRow> {
-    let metadata_json: String = row.get(6)?;
-    let metadata: BTreeMap<String, String> = serde_json::from_str(&metadata_json)
-        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(6, Type::Text, Box::new(e)))?;
+    let metadata: BTreeMap<String, String> = json_column(row, 6)?;
     Ok(SandboxRow {
         id: row.get(0)?,
         state: row.get(1)?,
