@@ -57,7 +57,7 @@ pub(crate) struct WriteTarget {
 }
 
 /// Runs `work` on the blocking pool.
-async fn blocking<T, F>(work: F) -> Result<T, Failure>
+pub(crate) async fn blocking<T, F>(work: F) -> Result<T, Failure>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, Failure> + Send + 'static,
@@ -70,7 +70,8 @@ where
     })
 }
 
-fn lossy(path: &Path) -> String {
+/// A path as protocol text (not UTF-8 bytes replaced).
+pub(crate) fn lossy(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 

@@ -2,7 +2,8 @@
 //!
 //! The agent serves the host over one byte stream using the framed protocol
 //! of `airlock-protocol`: it starts processes and streams their output, feeds
-//! their stdin, signals and reaps them, and reads, writes and lists files.
+//! their stdin, signals and reaps them, reads, writes and lists files, and
+//! watches directories for changes.
 //! It knows nothing of the host: every path it touches is a path inside the
 //! sandbox, because the agent itself lives in the sandbox root.
 //!
@@ -25,8 +26,17 @@
 //! - `write_stdin` is answered once its bytes are in the pipe: wait for that
 //!   `done` before sending more to get backpressure on that process alone.
 //! - Keepalives on id 0 are skipped while the outgoing queue is busy.
+//! - `watch` is in place before the agent reads the next request, so a
+//!   change made after the answer to any later request is reported. Each
+//!   watch has its own inotify instance; at most 64 are open per session
+//!   and a recursive watch covers at most 8192 directories. A rename within
+//!   the watch is two `rename` events, old path then new path. Removing or
+//!   moving the watched directory itself sends `remove`/`rename` of it and
+//!   ends the watch with `not_found`; a kernel queue overflow ends it with
+//!   `io`. `cancel`'s `done` follows the cancelled watch's final `done`.
 //! - Closing the stream kills every process group the agent started and
-//!   reaps them before [`serve`] returns.
+//!   reaps them before [`serve`] returns; open watches end without a final
+//!   event and their inotify descriptors are closed.
 //!
 //! # Module map
 //!
@@ -36,6 +46,7 @@
 //! - `reaper`: `SIGCHLD` handling and `waitpid`.
 //! - `privileges`: what a child does between `fork` and `exec`.
 //! - `files`: file operations.
+//! - `watch`: `watch` and `cancel` (inotify).
 //! - `failure`: mapping of OS errors onto protocol error kinds.
 
 mod failure;
@@ -45,6 +56,7 @@ mod privileges;
 mod process;
 mod reaper;
 mod session;
+mod watch;
 
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;

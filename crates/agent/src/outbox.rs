@@ -41,6 +41,23 @@ impl Outbox {
             .is_ok()
     }
 
+    /// Runs `before`, then queues an event, with nothing else queued or run
+    /// on the agent's thread in between (a slot is reserved first). Returns
+    /// false when the writer is gone; `before` runs either way.
+    pub(crate) async fn send_after(&self, id: u64, event: Event, before: impl FnOnce()) -> bool {
+        match self.tx.reserve().await {
+            Ok(permit) => {
+                before();
+                permit.send(Frame::new(id, event));
+                true
+            }
+            Err(_) => {
+                before();
+                false
+            }
+        }
+    }
+
     /// Queues the final error of request `id`.
     pub(crate) async fn fail(&self, id: u64, failure: Failure) -> bool {
         self.send(id, failure.into_event()).await

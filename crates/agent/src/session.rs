@@ -11,6 +11,7 @@ use crate::files::{Files, WriteMsg};
 use crate::outbox::{self, Outbox};
 use crate::process::{Processes, WaitOutcome};
 use crate::reaper::{self, Reaper};
+use crate::watch::Watches;
 use crate::{AgentConfig, AgentError};
 use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, PROTOCOL_VERSION};
 use std::collections::HashMap;
@@ -46,6 +47,7 @@ struct Session {
     processes: Arc<Processes>,
     files: Files,
     writes: HashMap<u64, WriteSlot>,
+    watches: Watches,
 }
 
 /// Ignores SIGPIPE so a closed host stream or stdin pipe is an `EPIPE`
@@ -115,15 +117,17 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
         })
     });
 
+    let files = Files::new(config.user_home.clone(), config.drop_privileges);
     let mut session = Session {
         outbox: outbox.clone(),
         processes: Arc::new(Processes::new(
             Arc::clone(&config),
-            outbox,
+            outbox.clone(),
             Arc::clone(&reaper),
         )),
-        files: Files::new(config.user_home.clone(), config.drop_privileges),
+        files: files.clone(),
         writes: HashMap::new(),
+        watches: Watches::new(files, outbox),
     };
 
     let mut reader = BufReader::with_capacity(READ_BUFFER, read_half);
@@ -139,8 +143,10 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
         }
     };
 
-    // Open writes end without an answer: the host is gone or going.
+    // Open writes and watches end without an answer: the host is gone or
+    // going. Every watch closes its inotify descriptor.
     session.writes.clear();
+    session.watches.close_all();
     match stop {
         Stop::Terminated => session.processes.terminate_all().await,
         Stop::Closed | Stop::Corrupt(_) => session.processes.kill_all().await,
@@ -288,6 +294,9 @@ impl Session {
                     move |files| async move { files.rename(&from, &to).await },
                 )
             }
+            // Waits until the watch is in place, so requests after it see it.
+            Request::Watch { path, recursive } => self.watches.start(id, &path, recursive).await,
+            Request::Cancel { target } => self.watches.cancel(id, target).await,
         }
     }
 

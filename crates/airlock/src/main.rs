@@ -1,6 +1,8 @@
 //! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
 
+mod client;
 mod run;
+mod serve;
 mod supervise;
 
 use clap::{Parser, Subcommand};
@@ -24,8 +26,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[command(flatten)]
+    Client(client::ClientCommand),
     /// Run one command in a fresh, ephemeral sandbox and tear it down.
     Run(Box<run::RunArgs>),
+    /// Run the daemon: the REST API on --listen, sandboxes on this machine.
+    Serve(Box<serve::ServeArgs>),
+    /// Manage the daemon's API keys.
+    #[command(subcommand)]
+    Keys(serve::KeysCommand),
     /// Own one sandbox for the daemon: launch it, serve its agent channel on
     /// a unix socket, tear it down when it ends. Not for direct use.
     #[command(hide = true)]
@@ -54,6 +63,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Run(args) => run::main(*args),
+        Command::Client(cmd) => client::main(cmd),
+        Command::Serve(args) => serve::main(*args),
+        Command::Keys(command) => serve::keys(command),
         Command::Supervise(args) => supervise::main(args),
         Command::Agent { fd } => agent(fd),
     }

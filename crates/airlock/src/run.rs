@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
-const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
 /// Options of `airlock run`. Defaults are the safe ones of the sandbox spec.
 #[derive(Args)]
 pub struct RunArgs {
@@ -271,23 +269,6 @@ struct Outcome {
     stderr: Vec<u8>,
 }
 
-fn default_env(spec: &SandboxSpec) -> BTreeMap<String, String> {
-    let (home, name) = match spec.user {
-        RunAs::User => ("/home/user", "user"),
-        RunAs::Root => ("/root", "root"),
-    };
-    let mut env = BTreeMap::from([
-        ("PATH".to_owned(), PATH.to_owned()),
-        ("HOME".to_owned(), home.to_owned()),
-        ("USER".to_owned(), name.to_owned()),
-        ("LOGNAME".to_owned(), name.to_owned()),
-        ("SHELL".to_owned(), "/bin/bash".to_owned()),
-        ("LANG".to_owned(), "C.UTF-8".to_owned()),
-    ]);
-    env.extend(spec.env.clone());
-    env
-}
-
 const SPAWN_ID: u64 = 2;
 
 async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<Outcome, String> {
@@ -328,7 +309,7 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
         Request::Spawn(SpawnRequest {
             cmd: args.command[0].clone(),
             args: args.command[1..].to_vec(),
-            env: default_env(spec),
+            env: spec.process_env(spec.user),
             cwd: spec.cwd.clone(),
             user: match spec.user {
                 RunAs::User => Identity::User,

@@ -13,7 +13,10 @@
 //!
 //! Wire contract with the daemon: one JSON line on stdout, either
 //! `{"ready": {"id", "init_pid", "supervisor_pid", "socket"}}` or
-//! `{"error": {"message", "bad_input"}}`, then stdout is closed.
+//! `{"error": {"message", "bad_input"}}`, then stdout is closed. The exit
+//! code says how the sandbox ended: 0 stopped on request (SIGTERM),
+//! [`EXIT_SANDBOX_OOM`] its agent died with the OOM killer active,
+//! [`EXIT_SANDBOX_DIED`] its agent died otherwise.
 
 use airlock_jail::runtime::RuntimeDir;
 use airlock_jail::Jail;
@@ -29,6 +32,19 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Mutex};
+
+/// Exit code: the sandbox's agent went away and the OOM killer had struck.
+pub const EXIT_SANDBOX_OOM: u8 = 3;
+/// Exit code: the sandbox's agent went away on its own.
+pub const EXIT_SANDBOX_DIED: u8 = 4;
+
+/// Why the relay stopped.
+enum RelayEnd {
+    /// SIGTERM or SIGINT: the daemon asked.
+    Asked,
+    /// The agent closed the channel or broke the protocol.
+    AgentGone,
+}
 
 /// Largest spec accepted on stdin.
 const MAX_SPEC_BYTES: u64 = 1 << 20;
@@ -109,11 +125,15 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Err(_) => return ExitCode::from(crate::EXIT_INTERNAL),
     };
     let served = runtime.block_on(relay(listener, channel, &jail));
+    // Read the OOM count before teardown removes the cgroup.
+    let oom = jail.stats().oom_kills > 0;
     let torn_down = jail.teardown();
     let _ = std::fs::remove_file(&args.socket);
     runtime.shutdown_background();
     match (served, torn_down) {
-        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+        (Ok(RelayEnd::Asked), Ok(())) => ExitCode::SUCCESS,
+        (Ok(RelayEnd::AgentGone), Ok(())) if oom => ExitCode::from(EXIT_SANDBOX_OOM),
+        (Ok(RelayEnd::AgentGone), Ok(())) => ExitCode::from(EXIT_SANDBOX_DIED),
         _ => ExitCode::from(crate::EXIT_INTERNAL),
     }
 }
@@ -156,7 +176,7 @@ async fn relay(
     listener: std::os::unix::net::UnixListener,
     channel: std::os::unix::net::UnixStream,
     jail: &Jail,
-) -> std::io::Result<()> {
+) -> std::io::Result<RelayEnd> {
     use tokio::signal::unix::{signal, SignalKind};
     let listener = UnixListener::from_std(listener)?;
     channel.set_nonblocking(true)?;
@@ -170,7 +190,7 @@ async fn relay(
     let (lost_tx, mut lost_rx) = mpsc::channel::<u64>(4);
     let mut generation: u64 = 0;
     let mut inbound: Option<tokio::task::JoinHandle<()>> = None;
-    loop {
+    let end = loop {
         tokio::select! {
             frame = read_frame_bytes(&mut agent_reader) => match frame {
                 Ok(bytes) => {
@@ -182,10 +202,10 @@ async fn relay(
                     // No daemon connected: the frame is dropped whole.
                 }
                 // The agent is gone: the sandbox has ended.
-                Err(FrameError::Closed) | Err(FrameError::Io(_)) => break,
+                Err(FrameError::Closed) | Err(FrameError::Io(_)) => break RelayEnd::AgentGone,
                 Err(_) => {
                     jail.kill();
-                    break;
+                    break RelayEnd::AgentGone;
                 }
             },
             accepted = listener.accept() => {
@@ -209,14 +229,14 @@ async fn relay(
                     daemon = None;
                 }
             }
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break RelayEnd::Asked,
+            _ = interrupt.recv() => break RelayEnd::Asked,
         }
-    }
+    };
     if let Some(task) = inbound {
         task.abort();
     }
-    Ok(())
+    Ok(end)
 }
 
 /// Copies whole frames from a daemon connection to the agent. A frame is

@@ -98,6 +98,36 @@ impl RuntimeDir {
         self.root.join("slots")
     }
 
+    /// Where supervisors serve their sandboxes' agent channels
+    /// (`<id>.sock`, mode 0600).
+    pub fn sockets(&self) -> PathBuf {
+        self.root.join("sockets")
+    }
+
+    /// The records of slots whose owner is alive (it holds the lock).
+    pub fn live_records(&self) -> Vec<SlotRecord> {
+        let mut live = Vec::new();
+        let Ok(entries) = fs::read_dir(self.slots()) else {
+            return live;
+        };
+        for entry in entries.flatten() {
+            if entry.metadata().map_or(true, |m| m.len() == 0) {
+                continue;
+            }
+            let Ok(mut file) = OpenOptions::new().read(true).write(true).open(entry.path()) else {
+                continue;
+            };
+            let Some(record) = read_record(&mut file) else {
+                continue;
+            };
+            // A lock we can take means the owner is dead; let it go at once.
+            if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+                live.push(record);
+            }
+        }
+        live
+    }
+
     /// Creates the directories if needed. The root is searchable but not
     /// listable (0711): a sandbox init, already root of its own user
     /// namespace and so unprivileged on the host, must reach the empty stage

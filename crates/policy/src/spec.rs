@@ -220,7 +220,30 @@ pub enum SpecError {
     Cwd(String),
 }
 
+/// `PATH` of every process unless the spec's environment sets another.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 impl SandboxSpec {
+    /// The whole environment of a process run as `user`: a small login-like
+    /// base (PATH, HOME, USER, LOGNAME, SHELL, LANG) overlaid with the
+    /// spec's `env`. Nothing comes from the host.
+    pub fn process_env(&self, user: RunAs) -> BTreeMap<String, String> {
+        let (home, name) = match user {
+            RunAs::User => ("/home/user", "user"),
+            RunAs::Root => ("/root", "root"),
+        };
+        let mut env = BTreeMap::from([
+            ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+            ("HOME".to_owned(), home.to_owned()),
+            ("USER".to_owned(), name.to_owned()),
+            ("LOGNAME".to_owned(), name.to_owned()),
+            ("SHELL".to_owned(), "/bin/bash".to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ]);
+        env.extend(self.env.clone());
+        env
+    }
+
     /// Checks every field; the first problem found is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
         self.limits.validate()?;

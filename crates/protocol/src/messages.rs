@@ -93,6 +93,39 @@ pub enum Request {
     Rename { from: String, to: String },
     /// Liveness check, answered by `pong`.
     Ping,
+    /// Watches a directory for changes until cancelled. Answered by
+    /// non-final `fs_event`s (one per kernel event, not coalesced) and ends
+    /// only with a final event: `done` after a `cancel` of this id, or
+    /// `error` when the watch cannot start (`not_found`, `not_a_directory`,
+    /// `permission_denied`; `invalid_argument` past 64 open watches per
+    /// stream or 8192 directories per watch) or breaks. It breaks when the
+    /// watched directory itself is removed or moved (a non-final `fs_event`
+    /// `remove` or `rename` of `path`, then a final `error` `not_found`),
+    /// when its filesystem is unmounted (`not_found`), when a recursive
+    /// watch grows past 8192 directories (`invalid_argument`) and when
+    /// events came faster than they were read (`io`, "too many events; the
+    /// watch was dropped"). The watch is in place before the agent reads the
+    /// next request of the stream, so a change made after the answer to a
+    /// later request (e.g. `ping`) is reported.
+    Watch {
+        /// The directory; relative paths are joined to the user's home, like
+        /// every file path. Watching a file is `not_a_directory`.
+        path: String,
+        /// Also watch every subdirectory, those present at the start and
+        /// those created or moved in later (symlinks are not followed). The
+        /// `create` or `rename` of a new directory is sent once it is
+        /// watched; entries already inside it by then follow as `create`
+        /// (an entry made just as its watch was added may be reported twice).
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Cancels the open request whose id is `target` (a `watch`): its stream
+    /// ends with a final `done`. A no-op for any other or an unknown id.
+    /// Answered by `done`, sent after the target's final event.
+    Cancel {
+        /// The id of the request to cancel.
+        target: u64,
+    },
 }
 
 /// What to run and how.
@@ -160,6 +193,13 @@ pub enum Event {
     Keepalive,
     /// Answer to `ping` (final).
     Pong,
+    /// A change under a `watch` (not final).
+    FsEvent {
+        /// What happened.
+        kind: FsEventKind,
+        /// Absolute path inside the sandbox of the entry it happened to.
+        path: String,
+    },
 }
 
 impl Event {
@@ -172,6 +212,7 @@ impl Event {
                 | Event::Stderr
                 | Event::FileData
                 | Event::Keepalive
+                | Event::FsEvent { .. }
         )
     }
 }
@@ -243,6 +284,27 @@ pub struct FileInfo {
     pub mtime_ns: i64,
     /// Target of a symlink, as stored.
     pub symlink_target: Option<String>,
+}
+
+/// What an `fs_event` reports. Each kernel (inotify) event becomes one
+/// `fs_event`; the agent merges or deduplicates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FsEventKind {
+    /// An entry (file, directory, symlink, …) was created.
+    Create,
+    /// A file's content was modified: one event per write to it (the
+    /// kernel merges an event identical to the one queued just before it).
+    Write,
+    /// An entry was removed.
+    Remove,
+    /// An entry was renamed or moved: one `rename` with the old path (when it
+    /// was inside the watch), then one with the new path (when it is inside
+    /// the watch).
+    Rename,
+    /// An entry's metadata changed: mode, owner, timestamps, link count or
+    /// extended attributes.
+    Chmod,
 }
 
 /// Stable error kinds the host maps onto API errors.

@@ -80,6 +80,85 @@ fn final_events() {
     assert!(!Event::Started { pid: 1 }.is_final());
     assert!(Event::Done.is_final());
     assert!(Event::Pong.is_final());
+    assert!(!Event::FsEvent {
+        kind: FsEventKind::Write,
+        path: "/a".into()
+    }
+    .is_final());
+}
+
+#[tokio::test]
+async fn watch_and_cancel_round_trip() {
+    let cases = [
+        (
+            Request::Watch {
+                path: "/home/user/src".into(),
+                recursive: true,
+            },
+            r#"{"op":"watch","path":"/home/user/src","recursive":true}"#,
+        ),
+        (
+            Request::Cancel { target: 7 },
+            r#"{"op":"cancel","target":7}"#,
+        ),
+    ];
+    for (request, json) in &cases {
+        assert_eq!(serde_json::to_string(request).unwrap(), *json);
+        assert_eq!(&serde_json::from_str::<Request>(json).unwrap(), request);
+    }
+    // `recursive` defaults to false; unknown fields are refused.
+    assert_eq!(
+        serde_json::from_str::<Request>(r#"{"op":"watch","path":"p"}"#).unwrap(),
+        Request::Watch {
+            path: "p".into(),
+            recursive: false
+        }
+    );
+    assert!(serde_json::from_str::<Request>(r#"{"op":"cancel","target":1,"x":0}"#).is_err());
+
+    let kinds = [
+        (FsEventKind::Create, "create"),
+        (FsEventKind::Write, "write"),
+        (FsEventKind::Remove, "remove"),
+        (FsEventKind::Rename, "rename"),
+        (FsEventKind::Chmod, "chmod"),
+    ];
+    for (kind, name) in kinds {
+        let event = Event::FsEvent {
+            kind,
+            path: "/home/user/a.txt".into(),
+        };
+        let json = format!(r#"{{"event":"fs_event","kind":"{name}","path":"/home/user/a.txt"}}"#);
+        assert_eq!(serde_json::to_string(&event).unwrap(), json);
+        assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), event);
+    }
+
+    // Through the framing, as the header JSON on the wire.
+    let frames = vec![
+        Frame::new(4, cases[0].0.clone()),
+        Frame::new(5, Request::Cancel { target: 4 }),
+    ];
+    let (mut a, mut b) = tokio::io::duplex(1 << 16);
+    for frame in &frames {
+        write_frame(&mut a, frame).await.unwrap();
+    }
+    drop(a);
+    for expected in &frames {
+        let got: Frame<Request> = read_frame(&mut b).await.unwrap();
+        assert_eq!(&got, expected);
+    }
+    let encoded = encode(&Frame::new(
+        4,
+        Event::FsEvent {
+            kind: FsEventKind::Rename,
+            path: "/x".into(),
+        },
+    ))
+    .unwrap();
+    assert_eq!(
+        &encoded[8..],
+        br#"{"id":4,"msg":{"event":"fs_event","kind":"rename","path":"/x"}}"#
+    );
 }
 
 #[test]

@@ -171,6 +171,30 @@ impl Agent {
         }
     }
 
+    /// The next frame on the wire of any request (keepalives are counted and
+    /// skipped), for tests of the order across requests. Every stashed frame
+    /// must have been taken first.
+    pub async fn next_any(&mut self) -> Frame<Event> {
+        assert!(
+            self.stash.values().all(VecDeque::is_empty),
+            "frames are stashed: {:?}",
+            self.stash
+        );
+        loop {
+            let frame: Frame<Event> =
+                tokio::time::timeout(EVENT_TIMEOUT, read_frame(&mut self.reader))
+                    .await
+                    .unwrap_or_else(|_| panic!("no event in time"))
+                    .unwrap();
+            if frame.id == 0 {
+                assert_eq!(frame.msg, Event::Keepalive);
+                self.keepalives += 1;
+                continue;
+            }
+            return frame;
+        }
+    }
+
     /// Every event of request `id` up to and including the final one.
     pub async fn finish(&mut self, id: u64) -> Vec<Frame<Event>> {
         let mut frames = Vec::new();

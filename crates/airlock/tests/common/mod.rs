@@ -1,6 +1,8 @@
 //! Shared helpers for tests that run the real `airlock` binary.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod daemon;
+
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,333 @@
+//! `airlock serve` (the daemon) and `airlock keys` (its API keys).
+//!
+//! The daemon keeps its state in `<data-dir>/airlock.db` (SQLite, WAL), its
+//! audit streams in `<data-dir>/audit/`, and on first start writes an admin
+//! API key to `<data-dir>/admin.key` (0600). Only one daemon may use a data
+//! directory at a time (`<data-dir>/daemon.lock`).
+//!
+//! Sandboxes outlive the daemon: each has its own supervisor, so stopping or
+//! restarting the daemon leaves them running, and the next start adopts
+//! them (see `airlock_daemon::reconcile`).
+
+use airlock_backend::process::ProcessBackend;
+use airlock_backend::Backend;
+use airlock_core::AdmissionLimits;
+use airlock_daemon::{Config, Daemon};
+use airlock_store::Store;
+use anyhow::{bail, Context};
+use axum::serve::ListenerExt;
+use clap::{Args, Subcommand};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Where state lives unless `--data-dir` says otherwise: `/var/lib/airlock`
+/// for root, `$XDG_DATA_HOME/airlock` (or `~/.local/share/airlock`) otherwise.
+pub fn default_data_dir() -> PathBuf {
+    if rustix::process::geteuid().is_root() {
+        return PathBuf::from("/var/lib/airlock");
+    }
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("airlock");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+    PathBuf::from(home).join(".local/share/airlock")
+}
+
+/// Options of `airlock serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:7070", env = "AIRLOCK_LISTEN")]
+    listen: SocketAddr,
+    /// State directory (database, audit streams, admin key).
+    #[arg(long, env = "AIRLOCK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Live sandboxes in all.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_live_total)]
+    max_live: usize,
+    /// Live sandboxes per API key.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_live_per_key)]
+    max_live_per_key: usize,
+    /// Sandbox creations running at once.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_concurrent_creates)]
+    max_concurrent_creates: usize,
+    /// Creations waiting for a slot before the API answers 429.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_queue)]
+    max_queue: usize,
+    /// Lifetime of a sandbox whose request names none (e.g. 300s, 5m).
+    #[arg(long, default_value = "300s", value_parser = parse_duration)]
+    default_timeout: Duration,
+    /// Largest file upload (e.g. 1G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    max_upload: u64,
+    /// Host directory under which API clients may bind-mount paths
+    /// (repeatable). None by default.
+    #[arg(long = "allow-mount", value_name = "DIR")]
+    allow_mount: Vec<PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    airlock_policy::parse_duration(text).map_err(|e| e.to_string())
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    airlock_policy::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// Creates `dir` (and parents) and makes it private.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot make {} private", dir.display()))
+}
+
+/// Takes the data directory's lock, or says who holds it.
+fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        bail!(
+            "another airlock daemon is using {}; stop it first",
+            dir.display()
+        );
+    }
+    Ok(file)
+}
+
+fn open_store(dir: &Path) -> anyhow::Result<Store> {
+    private_dir(dir)?;
+    let path = dir.join("airlock.db");
+    Store::open(&path).with_context(|| format!("cannot open the state database {}", path.display()))
+}
+
+/// Creates the admin key on first start and writes it to `admin.key`.
+fn bootstrap_admin_key(store: &Store, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    if store.count_keys()? > 0 {
+        return Ok(None);
+    }
+    let (_, secret) = store.create_key("admin", true)?;
+    let path = dir.join("admin.key");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    writeln!(file, "{secret}")?;
+    Ok(Some(path))
+}
+
+pub fn main(args: ServeArgs) -> ExitCode {
+    match serve(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: error: {e:#}");
+            ExitCode::from(crate::EXIT_INTERNAL)
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    private_dir(&data_dir)?;
+    let _lock = lock_data_dir(&data_dir)?;
+    let store = open_store(&data_dir)?;
+    if let Some(path) = bootstrap_admin_key(&store, &data_dir)? {
+        eprintln!("airlock: created an admin API key in {}", path.display());
+    }
+    let exe = std::env::current_exe().context("cannot find the airlock binary")?;
+    let backend = ProcessBackend::new(exe);
+    backend.probe()?;
+    let mut config = Config::new(data_dir.clone());
+    config.admission = AdmissionLimits {
+        max_live_total: args.max_live,
+        max_live_per_key: args.max_live_per_key,
+        max_concurrent_creates: args.max_concurrent_creates,
+        max_queue: args.max_queue,
+    };
+    config.default_timeout = args.default_timeout;
+    config.max_upload_bytes = args.max_upload;
+    config.mount_roots = args
+        .allow_mount
+        .iter()
+        .map(|d| {
+            d.canonicalize()
+                .with_context(|| format!("--allow-mount {}", d.display()))
+        })
+        .collect::<anyhow::Result<_>>()?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let daemon = Daemon::new(config, Arc::new(Mutex::new(store)), Arc::new(backend))?;
+        let report = daemon.reconcile().await;
+        tracing::info!(
+            adopted = report.adopted.len(),
+            reaped = report.reaped.len(),
+            stopped_unrecorded = report.stopped_unrecorded.len(),
+            removed = report.removed.len(),
+            "reconciled recorded sandboxes with the host"
+        );
+        tokio::spawn(daemon.clone().run_reaper());
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let local = listener.local_addr()?;
+        // Latency is a feature: no Nagle on any accepted connection.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        eprintln!(
+            "airlock: serving on http://{local} (data in {})",
+            data_dir.display()
+        );
+        axum::serve(listener, airlock_api::router(daemon))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("the server failed")?;
+        tracing::info!("stopped; sandboxes keep running and are adopted at the next start");
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// `airlock keys …`: manage API keys in the state database directly (the
+/// daemon may be running or not).
+#[derive(Subcommand)]
+pub enum KeysCommand {
+    /// Create a key and print its secret (shown once).
+    Create {
+        /// A label for the key.
+        name: String,
+        /// May manage keys and see every sandbox.
+        #[arg(long)]
+        admin: bool,
+        #[command(flatten)]
+        common: KeysCommon,
+    },
+    /// List keys (never their secrets).
+    List {
+        #[command(flatten)]
+        common: KeysCommon,
+    },
+    /// Revoke a key by id (`key-…`).
+    Revoke {
+        id: String,
+        #[command(flatten)]
+        common: KeysCommon,
+    },
+}
+
+/// Options of every `keys` command.
+#[derive(Args)]
+pub struct KeysCommon {
+    /// State directory of the daemon.
+    #[arg(long, env = "AIRLOCK_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// One JSON document instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn keys(command: KeysCommand) -> ExitCode {
+    match run_keys(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_keys(command: KeysCommand) -> anyhow::Result<()> {
+    match command {
+        KeysCommand::Create {
+            name,
+            admin,
+            common,
+        } => {
+            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            let (row, secret) = store.create_key(&name, admin)?;
+            if common.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"id": row.id, "name": row.name, "admin": row.is_admin, "key": secret})
+                );
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "airlock: created key {} ({name}); the secret above is shown once",
+                    row.id
+                );
+            }
+        }
+        KeysCommand::List { common } => {
+            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            let keys = store.list_keys()?;
+            if common.json {
+                println!("{}", serde_json::to_string(&keys)?);
+            } else {
+                println!("{:<18} {:<6} {:<8} NAME", "ID", "ADMIN", "REVOKED");
+                for key in keys {
+                    println!(
+                        "{:<18} {:<6} {:<8} {}",
+                        key.id,
+                        if key.is_admin { "yes" } else { "no" },
+                        if key.revoked_at.is_some() {
+                            "yes"
+                        } else {
+                            "no"
+                        },
+                        key.name
+                    );
+                }
+            }
+        }
+        KeysCommand::Revoke { id, common } => {
+            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            store
+                .revoke_key(&id)
+                .with_context(|| format!("cannot revoke {id}"))?;
+            if common.json {
+                println!("{}", serde_json::json!({"revoked": id}));
+            } else {
+                println!("revoked {id}");
+            }
+        }
+    }
+    Ok(())
+}

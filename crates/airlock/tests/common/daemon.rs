@@ -1,0 +1,342 @@
+//! A real `airlock serve` on an ephemeral port and a temporary data
+//! directory, and a small HTTP client for it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use super::{binary, require_root};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A daemon under test. Dropping it deletes every sandbox it still has
+/// (sandboxes outlive the daemon by design) and stops it.
+pub struct TestDaemon {
+    child: Option<Child>,
+    pub url: String,
+    pub key: String,
+    data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+    pub log: Arc<Mutex<String>>,
+    extra: Vec<String>,
+    agent: ureq::Agent,
+}
+
+/// An answer: status, headers we care about, body.
+pub struct Answer {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub content_type: Option<String>,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}), status {}: {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The NDJSON lines of a stream.
+    pub fn lines(&self) -> Vec<Value> {
+        self.text()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The `code` of an error answer.
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+fn agent() -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .no_delay(true)
+        .proxy(None)
+        .build();
+    ureq::Agent::new_with_config(config)
+}
+
+impl TestDaemon {
+    /// Starts a daemon with `extra` flags on a fresh data directory.
+    pub fn start(extra: &[&str]) -> TestDaemon {
+        require_root();
+        let temp = tempfile::tempdir().unwrap();
+        let data_dir = temp.path().join("data");
+        let mut daemon = TestDaemon {
+            child: None,
+            url: String::new(),
+            key: String::new(),
+            data_dir,
+            _temp: Some(temp),
+            log: Arc::default(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            agent: agent(),
+        };
+        daemon.launch();
+        daemon
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    fn launch(&mut self) {
+        let mut child = Command::new(binary())
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra)
+            .env("AIRLOCK_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("airlock serve starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = Arc::clone(&self.log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("serving on ").nth(1) {
+                    if let Some(tx) = tx.take() {
+                        let url = rest
+                            .split_whitespace()
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned();
+                        let _ = tx.send(url);
+                    }
+                }
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the daemon did not start serving; its log:\n{}",
+                    self.log.lock().unwrap()
+                )
+            });
+        self.url = url;
+        self.key = std::fs::read_to_string(self.data_dir.join("admin.key"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        self.child = Some(child);
+    }
+
+    /// `kill -9` of the daemon (its sandboxes live on).
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Starts the daemon again on the same data directory.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.launch();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// A request with `key` (or none) and optional JSON or raw body.
+    pub fn call_as(
+        &self,
+        key: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        content_type: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let url = format!("{}{path}", self.url);
+        let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(key) = key {
+            builder = builder.header("X-API-Key", key);
+        }
+        if let Some(ct) = content_type {
+            builder = builder.header("Content-Type", ct);
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let result = match body {
+            Some(bytes) => self.agent.run(builder.body(bytes.to_vec()).unwrap()),
+            None => self.agent.run(builder.body(()).unwrap()),
+        };
+        let mut response = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let retry_after = header("retry-after");
+        let content_type = header("content-type");
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(1 << 30)
+            .read_to_vec()
+            .unwrap_or_default();
+        Answer {
+            status: response.status().as_u16(),
+            retry_after,
+            content_type,
+            body,
+        }
+    }
+
+    /// A request with the admin key.
+    pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        self.call_as(
+            Some(&self.key),
+            method,
+            path,
+            bytes.as_deref(),
+            bytes.as_ref().map(|_| "application/json"),
+            &[],
+        )
+    }
+
+    /// Creates a sandbox from `body`; panics unless 201.
+    pub fn create(&self, body: Value) -> Value {
+        let answer = self.call("POST", "/v1/sandboxes", Some(body));
+        assert_eq!(answer.status, 201, "create: {}", answer.text());
+        answer.json()
+    }
+
+    /// Runs `sh -c script` in `id`; the NDJSON events.
+    pub fn sh(&self, id: &str, script: &str) -> Vec<Value> {
+        let answer = self.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(serde_json::json!({"cmd": "/bin/sh", "args": ["-c", script]})),
+        );
+        assert_eq!(answer.status, 200, "exec: {}", answer.text());
+        answer.lines()
+    }
+
+    /// Stdout of `sh -c script` and its exit code.
+    pub fn sh_out(&self, id: &str, script: &str) -> (String, i64) {
+        let events = self.sh(id, script);
+        let mut out = String::new();
+        let mut code = -1;
+        for event in &events {
+            match event["type"].as_str() {
+                Some("stdout") => out.push_str(event["data"].as_str().unwrap_or_default()),
+                Some("exited") => code = event["exit_code"].as_i64().unwrap_or(-1),
+                _ => {}
+            }
+        }
+        (out, code)
+    }
+
+    /// Deletes every sandbox that is not dead.
+    pub fn delete_all(&self) {
+        let answer = self.call("GET", "/v1/sandboxes?limit=1000", None);
+        if answer.status != 200 {
+            return;
+        }
+        for item in answer.json()["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            if item["state"] != "dead" {
+                let id = item["id"].as_str().unwrap();
+                self.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+            }
+        }
+    }
+
+    /// Waits until `check` holds, at most `limit`.
+    pub fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if check() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        check()
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.delete_all();
+        }
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Host processes whose command line mentions `airlock supervise` for `id`
+/// (or any sandbox when `id` is empty).
+pub fn supervisors(id: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "supervise") && (id.is_empty() || args.iter().any(|a| a == id))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Asserts nothing of sandbox `id` is left on the host: no supervisor, no
+/// socket, no cgroup, no slot record, no process with a sandbox uid.
+pub fn assert_sandbox_gone(id: &str) {
+    assert!(
+        supervisors(id).is_empty(),
+        "the supervisor of {id} is still running"
+    );
+    assert!(
+        !Path::new(&format!("/run/airlock/sockets/{id}.sock")).exists(),
+        "the socket of {id} is left"
+    );
+    super::assert_no_leftovers(id);
+}

@@ -1,0 +1,262 @@
+//! The HTTP face of the daemon.
+//!
+//! [`router`] builds every route. The native `/v1` routes are registered
+//! through `utoipa-axum`, which records each route's path and method in the
+//! OpenAPI document as it adds it to the router, so `/v1/openapi.json`
+//! describes exactly what is served; a test walks the document against the
+//! router to keep it that way.
+//!
+//! Every request gets an id (`X-Request-Id`, generated unless the client
+//! sent a sane one) that ties its audit events together; every `/v1` call
+//! is authenticated before routing and recorded in the access stream.
+//! Errors are JSON `{code, message}` (see [`error`]), including unknown
+//! routes (404), wrong methods (405) and bodies over 1 MiB (413).
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod error;
+mod files;
+mod native;
+pub mod types;
+
+use airlock_daemon::Daemon;
+use airlock_store::Stream;
+use auth::Caller;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use serde_json::json;
+use std::time::Instant;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// Largest JSON body.
+pub const MAX_JSON_BYTES: usize = 1 << 20;
+
+/// State shared by the handlers.
+#[derive(Clone)]
+pub struct Api {
+    pub daemon: Daemon,
+}
+
+/// The id of the request being served.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "airlock native API", version = "1", description = "Sandboxes for untrusted, model-generated code. Errors are always {code, message}."),
+    modifiers(&Security),
+    security(("api_key" = []), ("bearer" = []), ("access_token" = [])),
+    tags(
+        (name = "sandboxes", description = "Lifecycle"),
+        (name = "processes", description = "Running commands"),
+        (name = "files", description = "Files inside a sandbox"),
+        (name = "audit", description = "The audit trail"),
+        (name = "operations", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "access_token",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-Access-Token"))),
+        );
+    }
+}
+
+/// Liveness.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, description = "Serving", body = types::Health)))]
+async fn healthz() -> Json<types::Health> {
+    Json(types::Health {
+        status: "ok".into(),
+    })
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
+        (status = 401, description = "No valid API key", body = error::ErrorBody),
+    ))]
+async fn metrics(State(api): State<Api>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        api.daemon.scrape_metrics(),
+    )
+        .into_response()
+}
+
+/// The routes and their OpenAPI document.
+fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(native::create_sandbox, native::list_sandboxes))
+        .routes(routes!(native::get_sandbox, native::delete_sandbox))
+        .routes(routes!(native::set_timeout))
+        .routes(routes!(native::exec))
+        .routes(routes!(native::list_processes))
+        .routes(routes!(native::get_process))
+        .routes(routes!(native::process_output))
+        .routes(routes!(native::write_stdin))
+        .routes(routes!(native::close_stdin))
+        .routes(routes!(native::signal_process))
+        .routes(routes!(native::sandbox_events))
+        .routes(routes!(
+            files::read_file,
+            files::write_file,
+            files::remove_file
+        ))
+        .routes(routes!(files::stat))
+        .routes(routes!(files::list_dir))
+        .routes(routes!(files::make_dir))
+        .routes(routes!(files::move_path))
+        .routes(routes!(metrics))
+        .routes(routes!(healthz))
+        .with_state(api)
+        .split_for_parts()
+}
+
+/// The OpenAPI document of the native API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// Every route of the daemon.
+pub fn router(daemon: Daemon) -> Router {
+    let api = Api { daemon };
+    let (routes, document) = parts(api.clone());
+    let document = std::sync::Arc::new(document);
+    routes
+        .route(
+            "/v1/openapi.json",
+            axum::routing::get(move || {
+                let document = std::sync::Arc::clone(&document);
+                async move { Json(document.as_ref().clone()) }
+            }),
+        )
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::wrong_method)
+        .layer(DefaultBodyLimit::max(MAX_JSON_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            authenticate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(api, observe))
+}
+
+/// Routes that need no credentials.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/v1/openapi.json")
+}
+
+/// Authenticates every non-public request and puts the [`Caller`] into its
+/// extensions (and a copy into the response's, for the access log).
+async fn authenticate(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    if is_public(&path) {
+        return next.run(request).await;
+    }
+    let caller = match auth::authenticate(&api.daemon, request.method(), &path, request.headers()) {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    request.extensions_mut().insert(caller.clone());
+    let mut response = next.run(request).await;
+    response.extensions_mut().insert(caller);
+    response
+}
+
+fn request_id_of(request: &Request) -> String {
+    request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            (1..=64).contains(&v.len())
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            airlock_store::new_secret("req-")
+                .map(|s| s.chars().take(20).collect())
+                .unwrap_or_else(|_| "req-unknown".into())
+        })
+}
+
+/// Gives each request its id, records it in the access stream and the
+/// response metrics.
+async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = request_id_of(&request);
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    let status = response.status();
+    api.daemon
+        .metrics()
+        .http_responses
+        .get_or_create(&airlock_daemon::metrics::StatusLabel {
+            code: status.as_u16(),
+        })
+        .inc();
+    if path.starts_with("/v1/") && path != "/v1/openapi.json" {
+        let sandbox = path
+            .strip_prefix("/v1/sandboxes/")
+            .map(|rest| rest.split('/').next().unwrap_or(rest))
+            .filter(|id| {
+                id.strip_prefix("sbx-").is_some_and(|hex| {
+                    (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+                })
+            });
+        let caller = response.extensions().get::<Caller>().map(Caller::label);
+        let stream = if status == StatusCode::UNAUTHORIZED {
+            Stream::Security
+        } else {
+            Stream::Access
+        };
+        api.daemon.audit().record(
+            stream,
+            if stream == Stream::Security {
+                "auth.denied"
+            } else {
+                "api.call"
+            },
+            sandbox,
+            Some(&id),
+            json!({
+                "method": method,
+                "path": path,
+                "status": status.as_u16(),
+                "caller": caller,
+                "duration_ms": started.elapsed().as_millis() as u64,
+            }),
+        );
+    }
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}

@@ -1,0 +1,596 @@
+//! The JSON shapes of the native API, and their translation to the spec.
+
+use airlock_daemon::Daemon;
+use airlock_policy::{
+    parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs, SandboxSpec, Template,
+};
+use airlock_store::SandboxRow;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::{IntoParams, ToSchema};
+
+/// Keys and values of metadata: at most this many pairs, this long each.
+const METADATA_PAIRS: usize = 64;
+const METADATA_LEN: usize = 256;
+
+/// A size: bytes as a number, or a string such as `512M`, `1G`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+impl Size {
+    fn bytes(&self, field: &str) -> Result<u64, String> {
+        match self {
+            Size::Bytes(n) => Ok(*n),
+            Size::Text(text) => parse_size(text).map_err(|e| format!("{field}: {e}")),
+        }
+    }
+}
+
+/// A CPU count: a number such as `0.5`, or a string.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Cpus {
+    Number(f64),
+    Text(String),
+}
+
+/// Resource limits; every field optional.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsInput {
+    /// Memory limit (default 512M).
+    pub memory: Option<Size>,
+    /// CPU quota (default 1).
+    pub cpus: Option<Cpus>,
+    /// Processes and threads (default 256).
+    pub pids: Option<u32>,
+    /// Private writable space (default 1G; counts against memory).
+    pub disk: Option<Size>,
+}
+
+/// A host directory to bind into the sandbox (only under the roots the
+/// daemon allows with `--allow-mount`).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountInput {
+    /// Absolute, canonical host path.
+    pub source: String,
+    /// Absolute path inside the sandbox.
+    pub target: String,
+    /// Read-only (default true).
+    #[serde(default = "yes")]
+    pub read_only: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Network policy; only `none` (loopback only) until egress policies land.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkInput {
+    /// `none`.
+    pub mode: String,
+}
+
+/// Who processes run as.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum UserInput {
+    User,
+    Root,
+}
+
+impl From<UserInput> for RunAs {
+    fn from(u: UserInput) -> RunAs {
+        match u {
+            UserInput::User => RunAs::User,
+            UserInput::Root => RunAs::Root,
+        }
+    }
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Template name; `host` (also `base`) is the default.
+    pub template: Option<String>,
+    /// Isolation tier; `process` is the only one today.
+    pub tier: Option<String>,
+    /// Lifetime in seconds (default 300).
+    pub timeout_s: Option<u64>,
+    pub limits: Option<LimitsInput>,
+    /// Environment of every process.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Free-form labels, for filtering.
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub mounts: Option<Vec<MountInput>>,
+    pub network: Option<NetworkInput>,
+    /// Default working directory.
+    pub cwd: Option<String>,
+    /// Default identity of processes (`user`).
+    pub user: Option<UserInput>,
+}
+
+impl CreateSandbox {
+    /// The spec and template name, or what is wrong (a 400 message).
+    pub fn into_spec(
+        self,
+        daemon: &Daemon,
+    ) -> Result<(SandboxSpec, String, BTreeMap<String, String>), String> {
+        let mut spec = SandboxSpec::default();
+        let template = self.template.unwrap_or_else(|| "host".into());
+        spec.template = match template.as_str() {
+            "host" | "base" => Template::Host,
+            name => {
+                let valid = !name.is_empty()
+                    && name.len() <= 64
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+                    && !name.starts_with('.');
+                let path = daemon.config().data_dir.join("templates").join(name);
+                if !valid || !path.is_dir() {
+                    return Err(format!("template: there is no template named {name:?}"));
+                }
+                Template::Dir { path }
+            }
+        };
+        match self.tier.as_deref() {
+            None | Some("process") => {}
+            Some(other) => {
+                return Err(format!(
+                    "tier: the {other:?} tier is not available; this daemon runs `process`"
+                ))
+            }
+        }
+        let timeout_s = self
+            .timeout_s
+            .unwrap_or(daemon.config().default_timeout.as_secs());
+        let max = daemon.config().max_timeout.as_secs();
+        if timeout_s == 0 || timeout_s > max {
+            return Err(format!("timeout_s: must be between 1 and {max}"));
+        }
+        spec.timeout_ms = timeout_s * 1000;
+        let limits = self.limits.unwrap_or_default();
+        let mut spec_limits = Limits::default();
+        if let Some(memory) = &limits.memory {
+            spec_limits.memory_bytes = memory.bytes("limits.memory")?;
+        }
+        if let Some(disk) = &limits.disk {
+            spec_limits.disk_bytes = disk.bytes("limits.disk")?;
+        }
+        if let Some(cpus) = &limits.cpus {
+            spec_limits.cpu_millis = match cpus {
+                Cpus::Number(n) if n.is_finite() && *n > 0.0 && *n <= 1024.0 => {
+                    (n * 1000.0).round() as u32
+                }
+                Cpus::Number(_) => return Err("limits.cpus: must be between 0.01 and 1024".into()),
+                Cpus::Text(text) => parse_cpus(text).map_err(|e| format!("limits.cpus: {e}"))?,
+            };
+        }
+        if let Some(pids) = limits.pids {
+            spec_limits.pids = pids;
+        }
+        spec.limits = spec_limits;
+        spec.env = self.env.unwrap_or_default();
+        if let Some(mounts) = self.mounts {
+            for mount in mounts {
+                spec.mounts.push(BindMount {
+                    source: mount.source.into(),
+                    target: mount.target,
+                    read_only: mount.read_only,
+                });
+            }
+        }
+        if let Some(network) = self.network {
+            match network.mode.as_str() {
+                "none" => spec.network = NetworkPolicy::None,
+                other => {
+                    return Err(format!(
+                    "network.mode: {other:?} is not supported yet; only \"none\" (loopback only)"
+                ))
+                }
+            }
+        }
+        spec.cwd = self.cwd;
+        if let Some(user) = self.user {
+            spec.user = user.into();
+        }
+        let metadata = self.metadata.unwrap_or_default();
+        if metadata.len() > METADATA_PAIRS {
+            return Err(format!("metadata: at most {METADATA_PAIRS} pairs"));
+        }
+        if metadata
+            .iter()
+            .any(|(k, v)| k.is_empty() || k.len() > METADATA_LEN || v.len() > METADATA_LEN)
+        {
+            return Err(format!(
+                "metadata: keys must be 1 to {METADATA_LEN} bytes and values at most {METADATA_LEN}"
+            ));
+        }
+        spec.validate().map_err(|e| e.to_string())?;
+        Ok((spec, template, metadata))
+    }
+}
+
+/// Limits in force, in base units.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LimitsView {
+    pub memory_bytes: u64,
+    pub cpu_millis: u32,
+    pub pids: u32,
+    pub disk_bytes: u64,
+}
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SandboxView {
+    /// `sbx-` and 16 hex digits.
+    pub id: String,
+    /// Only in the answer to create: the token that opens this sandbox's
+    /// data plane. Shown once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
+    /// `creating`, `running`, `paused`, `stopping` or `dead`.
+    pub state: String,
+    /// Why it is stopping or dead.
+    pub reason: Option<String>,
+    pub template: String,
+    pub tier: String,
+    pub metadata: BTreeMap<String, String>,
+    pub limits: LimitsView,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339; the reaper kills it then.
+    pub expires_at: String,
+}
+
+/// Unix milliseconds as RFC 3339 (UTC).
+pub fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+impl SandboxView {
+    pub fn of(row: &SandboxRow, access_token: Option<String>) -> SandboxView {
+        let limits = serde_json::from_str::<SandboxSpec>(&row.spec_json)
+            .map(|s| s.limits)
+            .unwrap_or_default();
+        SandboxView {
+            id: row.id.clone(),
+            access_token,
+            state: row.state.as_str().to_owned(),
+            reason: row.state_reason.clone(),
+            template: row.template.clone(),
+            tier: row.tier.clone(),
+            metadata: row.metadata.clone(),
+            limits: LimitsView {
+                memory_bytes: limits.memory_bytes,
+                cpu_millis: limits.cpu_millis,
+                pids: limits.pids,
+                disk_bytes: limits.disk_bytes,
+            },
+            created_at: rfc3339(row.created_at),
+            expires_at: rfc3339(row.expires_at),
+        }
+    }
+}
+
+/// One page of sandboxes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxPage {
+    pub items: Vec<SandboxView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// Query of `GET /v1/sandboxes`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Comma-separated states, e.g. `running,paused`.
+    pub state: Option<String>,
+    /// URL-encoded `k=v&k2=v2`; every pair must match.
+    pub metadata: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// Seconds from now.
+    pub timeout_s: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// The program; looked up in PATH when it has no `/`.
+    pub cmd: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Added to the sandbox's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    pub user: Option<UserInput>,
+    /// Kill the process after this many seconds.
+    pub timeout_s: Option<f64>,
+    /// Feed stdin through `…/processes/{pid}/stdin`.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Answer `201 {pid}` at once instead of streaming.
+    #[serde(default)]
+    pub background: bool,
+}
+
+/// One line of an exec or output stream (NDJSON).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StreamEvent {
+    Started {
+        pid: u32,
+    },
+    Stdout {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
+    Stderr {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data_b64: Option<String>,
+    },
+    Exited {
+        pid: u32,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        oom: bool,
+        timed_out: bool,
+        duration_ms: u64,
+        stdout_truncated: bool,
+        stderr_truncated: bool,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+/// Answer of a background exec.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Pid {
+    pub pid: u32,
+}
+
+/// A process as the API shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProcessItem {
+    pub pid: u32,
+    pub cmd: String,
+    pub args: Vec<String>,
+    /// `user` or `root`.
+    pub user: String,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// `GET …/processes`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessItem>,
+}
+
+/// `POST …/signal`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SignalBody {
+    /// A name (`SIGTERM`, `TERM`) or a number.
+    pub signal: SignalValue,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum SignalValue {
+    Number(i32),
+    Name(String),
+}
+
+impl SignalValue {
+    pub fn number(&self) -> Option<i32> {
+        const NAMES: &[(&str, i32)] = &[
+            ("HUP", 1),
+            ("INT", 2),
+            ("QUIT", 3),
+            ("KILL", 9),
+            ("USR1", 10),
+            ("USR2", 12),
+            ("TERM", 15),
+            ("CONT", 18),
+            ("STOP", 19),
+            ("TSTP", 20),
+            ("WINCH", 28),
+        ];
+        match self {
+            SignalValue::Number(n) if (1..=64).contains(n) => Some(*n),
+            SignalValue::Number(_) => None,
+            SignalValue::Name(name) => {
+                let upper = name.to_ascii_uppercase();
+                let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+                NAMES.iter().find(|(n, _)| *n == bare).map(|(_, v)| *v)
+            }
+        }
+    }
+}
+
+/// Query naming a path.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PathParams {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+/// Query of a file upload.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WriteParams {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Octal permission bits, e.g. `644`.
+    pub mode: Option<String>,
+    /// Owner of the new file: `user` (default) or `root`.
+    pub user: Option<UserInput>,
+}
+
+/// Query of a removal.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveParams {
+    pub path: String,
+    /// Remove a directory with everything in it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Query of a listing.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListDirParams {
+    pub path: String,
+    /// Levels to descend, 1 to 32 (default 1).
+    pub depth: Option<u32>,
+}
+
+/// Metadata of a path.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileView {
+    pub path: String,
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    /// Permission bits as octal text, e.g. `644`.
+    pub mode: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// RFC 3339.
+    pub mtime: String,
+    pub symlink_target: Option<String>,
+}
+
+impl From<airlock_protocol::FileInfo> for FileView {
+    fn from(info: airlock_protocol::FileInfo) -> FileView {
+        FileView {
+            kind: serde_json::to_value(info.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            path: info.path,
+            name: info.name,
+            size: info.size,
+            mode: format!("{:o}", info.mode),
+            uid: info.uid,
+            gid: info.gid,
+            mtime: rfc3339(info.mtime_ns / 1_000_000),
+            symlink_target: info.symlink_target,
+        }
+    }
+}
+
+/// `GET …/files/list`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Entries {
+    pub entries: Vec<FileView>,
+}
+
+/// Answer of an upload.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Written {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// `POST …/files/mkdir`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MakeDirBody {
+    pub path: String,
+    /// Create missing parents too (and succeed if it exists).
+    #[serde(default)]
+    pub parents: bool,
+    pub user: Option<UserInput>,
+}
+
+/// `POST …/files/move`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MoveBody {
+    pub from: String,
+    pub to: String,
+}
+
+/// Query of `GET …/events`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct EventParams {
+    /// `access`, `security` or `runtime`; all when absent.
+    pub stream: Option<String>,
+    /// Only events after this sequence number (the previous `next_cursor`).
+    pub after: Option<i64>,
+    /// Page size, 1 to 1000 (default 100).
+    pub limit: Option<u32>,
+}
+
+/// One audit event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventView {
+    pub seq: i64,
+    pub stream: String,
+    pub kind: String,
+    /// RFC 3339.
+    pub at: String,
+    pub request_id: Option<String>,
+    #[schema(value_type = Object)]
+    pub detail: serde_json::Value,
+}
+
+/// A page of audit events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub items: Vec<EventView>,
+    /// Pass as `after` for the next page.
+    pub next_cursor: Option<i64>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}

@@ -1,0 +1,164 @@
+//! The seam between the control plane and the isolation tiers.
+//!
+//! A [`Backend`] turns a validated [`SandboxSpec`] into a running sandbox
+//! whose agent the daemon can talk to, finds its sandboxes again after a
+//! daemon restart, and releases everything one of them holds. The daemon
+//! knows nothing else about a tier: every process and file operation goes
+//! through the agent protocol ([`AgentClient`]), the same on every tier.
+//!
+//! Each backend says whether it can run here with [`Backend::probe`], and
+//! why not when it cannot (as cloud-hypervisor's hypervisor probes do).
+//! Today there is one backend, [`process::ProcessBackend`]; the `oci`,
+//! `gvisor` and `microvm` tiers plug in beside it.
+
+pub mod process;
+
+use airlock_policy::{SandboxSpec, Tier};
+use airlock_protocol::AgentClient;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+
+/// What a sandbox holds on the host that teardown must release, recorded in
+/// the store before the sandbox is created and updated once it runs, so a
+/// daemon that crashed can still find and release it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Resources {
+    /// A process-tier sandbox owned by an `airlock supervise` process.
+    Process {
+        /// The supervisor's pid; `None` until it has started.
+        supervisor_pid: Option<u32>,
+        /// The unix socket the supervisor serves the agent channel on.
+        socket: String,
+    },
+}
+
+/// How a sandbox ended, as far as the backend could tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Ending {
+    /// It was stopped on request and released cleanly.
+    Stopped,
+    /// The kernel's OOM killer took its agent down.
+    Oom,
+    /// It died on its own (the agent exited or was killed).
+    Crashed,
+    /// Its owner is gone and how it ended is unknown (e.g. adopted after a
+    /// restart and then lost).
+    Unknown,
+}
+
+/// Resolves once the sandbox is gone, with how it ended.
+pub type Ended = Pin<Box<dyn Future<Output = Ending> + Send + 'static>>;
+
+/// A running sandbox, as [`Backend::create`] or [`Backend::adopt`] hand it over.
+pub struct Instance {
+    /// The multiplexed connection to its agent.
+    pub agent: AgentClient,
+    /// What to record for teardown.
+    pub resources: Resources,
+    /// Resolves when the sandbox is gone.
+    pub ended: Ended,
+}
+
+/// Usage figures of a live sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    /// Times the OOM killer killed one of its processes so far.
+    pub oom_kills: u64,
+    /// Times a fork failed at its pids limit so far.
+    pub pids_limit_hits: u64,
+    /// Peak memory in bytes, when the kernel reports it.
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time so far, nanoseconds.
+    pub cpu_time_ns: u64,
+}
+
+/// What [`Backend::reconcile`] found and removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Reconciled {
+    /// Sandboxes that were running without a record, now stopped.
+    pub stopped: Vec<String>,
+    /// Leftovers (cgroups, slot records, sockets) of dead sandboxes, now removed.
+    pub removed: Vec<String>,
+}
+
+/// Why a backend cannot run sandboxes on this machine.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {tier} tier is not available here: {reason}")]
+pub struct Unavailable {
+    /// The tier's name.
+    pub tier: &'static str,
+    /// What is missing, in a sentence.
+    pub reason: String,
+}
+
+/// A sandbox could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The spec cannot run here (a limit, a template, a mount); the message
+    /// is safe to show to the API client.
+    #[error("{0}")]
+    BadInput(String),
+    /// The backend failed; the message is for the operator's log.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A recorded sandbox could not be taken over again.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// Its owner process is gone.
+    #[error("its supervisor is gone")]
+    Gone,
+    /// The recorded resources are not this backend's.
+    #[error("the recorded resources belong to another tier")]
+    WrongTier,
+    /// Its agent did not answer.
+    #[error("its agent did not answer: {0}")]
+    Agent(String),
+}
+
+/// A sandbox could not be released completely.
+#[derive(Debug, thiserror::Error)]
+#[error("teardown of {id} left {what} behind")]
+pub struct DestroyError {
+    /// The sandbox.
+    pub id: String,
+    /// What was left.
+    pub what: String,
+}
+
+/// One isolation tier.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The tier this backend runs.
+    fn tier(&self) -> Tier;
+
+    /// Whether the tier can run on this machine, and why not.
+    fn probe(&self) -> Result<(), Unavailable>;
+
+    /// Starts a sandbox named `id` for `spec` and connects to its agent.
+    async fn create(&self, id: &str, spec: &SandboxSpec) -> Result<Instance, CreateError>;
+
+    /// Connects again to a sandbox this backend started before the daemon
+    /// restarted.
+    async fn adopt(&self, id: &str, resources: &Resources) -> Result<Instance, AdoptError>;
+
+    /// Stops the sandbox and releases everything it holds. Idempotent: a
+    /// sandbox already gone is a success. `resources` is what was recorded,
+    /// if anything.
+    async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError>;
+
+    /// Current usage of a live sandbox; `None` if it is not running.
+    fn usage(&self, id: &str) -> Option<Usage>;
+
+    /// Stops every sandbox of this tier that is not in `keep` and removes
+    /// the leftovers of dead ones. Run at daemon start, after adoption.
+    async fn reconcile(&self, keep: &HashSet<String>) -> Reconciled;
+
+    /// Host resources of this tier that belong to no sandbox in `keep`
+    /// (for the leaked-resource gauge; must stay 0).
+    fn leaked(&self, keep: &HashSet<String>) -> usize;
+}

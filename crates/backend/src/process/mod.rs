@@ -1,0 +1,467 @@
+//! The `process` tier: namespaces, seccomp, Landlock and cgroups around a
+//! process tree on this kernel (`airlock-jail`), one supervisor per sandbox.
+//!
+//! Launching needs a single-threaded process (the child runs Rust between
+//! clone and exec), and the daemon is multi-threaded, so each sandbox gets
+//! a fresh `airlock supervise` process. It takes the spec on stdin, launches,
+//! answers one JSON line, then serves the agent channel on
+//! `/run/airlock/sockets/<id>.sock`, relaying whole frames. It also leaves
+//! the daemon's session, so a daemon that dies or restarts leaves its
+//! sandboxes running; the next daemon [`adopts`](Backend::adopt) them by
+//! connecting to the socket again.
+//!
+//! The daemon watches each supervisor through a pidfd, which works for its
+//! own children and for adopted supervisors alike and cannot be fooled by a
+//! recycled pid once open. The supervisor's exit code says how the sandbox
+//! ended (see `crates/airlock/src/supervise.rs`).
+
+use crate::{
+    AdoptError, Backend, CreateError, DestroyError, Ended, Ending, Instance, Reconciled, Resources,
+    Unavailable, Usage,
+};
+use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
+use airlock_jail::runtime::RuntimeDir;
+use airlock_policy::{SandboxSpec, Tier};
+use airlock_protocol::AgentClient;
+use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+
+/// Supervisor exit code: the agent died with the OOM killer active.
+const EXIT_SANDBOX_OOM: i32 = 3;
+/// Supervisor exit code: the agent died otherwise.
+const EXIT_SANDBOX_DIED: i32 = 4;
+/// How long a stopped supervisor gets for its teardown before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long the agent gets to answer the greeting.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One supervisor the daemon watches.
+struct Supervisor {
+    pidfd: OwnedFd,
+    /// `None` while it runs; how it ended afterwards.
+    ended: watch::Receiver<Option<Ending>>,
+}
+
+/// The process tier.
+pub struct ProcessBackend {
+    /// The `airlock` binary that has the `supervise` command.
+    exe: PathBuf,
+    runtime: RuntimeDir,
+    cgroups: Option<CgroupLayout>,
+    supervisors: Mutex<HashMap<String, Arc<Supervisor>>>,
+}
+
+impl ProcessBackend {
+    /// A backend that starts supervisors from `exe` and keeps its runtime
+    /// state under the system runtime directory.
+    pub fn new(exe: PathBuf) -> ProcessBackend {
+        ProcessBackend {
+            exe,
+            runtime: RuntimeDir::system(),
+            cgroups: CgroupLayout::detect().ok(),
+            supervisors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn socket_of(&self, id: &str) -> PathBuf {
+        self.runtime.sockets().join(format!("{id}.sock"))
+    }
+
+    fn supervisor(&self, id: &str) -> Option<Arc<Supervisor>> {
+        self.supervisors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn forget(&self, id: &str) {
+        self.supervisors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// Starts watching the supervisor behind `pidfd` and returns the future
+    /// that resolves when it ends.
+    fn watch(&self, id: &str, pidfd: OwnedFd) -> Result<Ended, std::io::Error> {
+        let watched = pidfd.try_clone()?;
+        let (tell, ended) = watch::channel(None);
+        let supervisor = Arc::new(Supervisor { pidfd, ended });
+        self.supervisors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_owned(), Arc::clone(&supervisor));
+        // SAFETY: `watched` is an OwnedFd moved into the AsyncFd, which owns
+        // it from here on; nothing else can close or replace that descriptor
+        // while it is registered, which is all `register` asks.
+        let readable = unsafe { AsyncFd::register(watched)? };
+        tokio::spawn(async move {
+            // A pidfd becomes readable when its process exits.
+            let _ = readable.readable().await;
+            let ending = reap(readable.get_ref());
+            let _ = tell.send(Some(ending));
+        });
+        let mut ended = supervisor.ended.clone();
+        Ok(Box::pin(async move {
+            loop {
+                let ending = *ended.borrow_and_update();
+                if let Some(ending) = ending {
+                    return ending;
+                }
+                if ended.changed().await.is_err() {
+                    return Ending::Unknown;
+                }
+            }
+        }))
+    }
+
+    fn stats(&self, id: &str) -> Option<Usage> {
+        let layout = self.cgroups.clone()?;
+        let cgroup = SandboxCgroup::existing(layout, id);
+        if cgroup.dirs().iter().all(|d| !d.exists()) {
+            return None;
+        }
+        let stats = cgroup.stats();
+        Some(Usage {
+            oom_kills: stats.oom_kills,
+            pids_limit_hits: stats.pids_limit_hits,
+            peak_memory_bytes: stats.peak_memory_bytes,
+            cpu_time_ns: stats.cpu_time_ns,
+        })
+    }
+
+    /// Removes what a dead sandbox may have left: its cgroup and its socket.
+    fn remove_leftovers(&self, id: &str) -> Result<(), String> {
+        let mut left = Vec::new();
+        if let Some(layout) = self.cgroups.clone() {
+            let cgroup = SandboxCgroup::existing(layout, id);
+            if cgroup.dirs().iter().any(|d| d.exists()) {
+                let _ = cgroup.kill_all(Duration::from_secs(5));
+                if cgroup.remove().is_err() {
+                    left.push("its cgroup");
+                }
+            }
+        }
+        match std::fs::remove_file(self.socket_of(id)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => left.push("its socket"),
+        }
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(left.join(" and "))
+        }
+    }
+}
+
+/// Reaps the supervisor if it is our child and maps its exit code. An
+/// adopted supervisor is not our child (ECHILD): how it ended is unknown.
+fn reap(pidfd: &OwnedFd) -> Ending {
+    match rustix::process::waitid(
+        WaitId::PidFd(pidfd.as_fd()),
+        WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+    ) {
+        Ok(Some(status)) => match status.exit_status() {
+            Some(0) => Ending::Stopped,
+            Some(EXIT_SANDBOX_OOM) => Ending::Oom,
+            Some(EXIT_SANDBOX_DIED) => Ending::Crashed,
+            _ => Ending::Crashed,
+        },
+        Ok(None) | Err(_) => Ending::Unknown,
+    }
+}
+
+/// A pidfd for `pid` if it is the supervisor of `id` (checked by its
+/// command line, so a recycled pid is never signalled).
+fn open_supervisor(pid: u32, id: &str) -> Option<OwnedFd> {
+    let pidfd =
+        rustix::process::pidfd_open(Pid::from_raw(pid as i32)?, PidfdFlags::empty()).ok()?;
+    // Checked after the pidfd is open: from here on the pid cannot be reused.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let is_ours = args.contains(&b"supervise".as_slice()) && args.contains(&id.as_bytes());
+    is_ours.then_some(pidfd)
+}
+
+/// The first request id on a connection: above any id an earlier daemon
+/// could have used on the same agent (those started at 1 and grew by one
+/// per request), so late events of old requests are never mistaken for new.
+fn first_request_id() -> u64 {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    ms.saturating_mul(1 << 12)
+}
+
+/// What the supervisor answered on stdout.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Answer {
+    Ready { supervisor_pid: u32 },
+    Error { message: String, bad_input: bool },
+}
+
+/// Runs `airlock supervise` (blocking: fork, exec, one line back).
+fn start_supervisor(
+    exe: &Path,
+    id: &str,
+    socket: &Path,
+    spec_json: &[u8],
+) -> Result<(u32, OwnedFd), CreateError> {
+    let mut child = Command::new(exe)
+        .arg("supervise")
+        .arg("--id")
+        .arg(id)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| CreateError::Failed(format!("cannot start the supervisor: {e}")))?;
+    let pid = child.id();
+    let pidfd = Pid::from_raw(pid as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+    let fed = child
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(spec_json))
+        .transpose();
+    let mut line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        let _ = BufReader::new(stdout).read_line(&mut line);
+    }
+    let answer: Option<Answer> = serde_json::from_str(line.trim()).ok();
+    match (answer, pidfd) {
+        (Some(Answer::Ready { supervisor_pid }), Some(pidfd)) if supervisor_pid == pid => {
+            // The child stays unreaped until the watcher's waitid.
+            std::mem::forget(child);
+            Ok((pid, pidfd))
+        }
+        (answer, _) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            match answer {
+                Some(Answer::Error {
+                    message,
+                    bad_input: true,
+                }) => Err(CreateError::BadInput(message)),
+                Some(Answer::Error { message, .. }) => Err(CreateError::Failed(message)),
+                _ => Err(CreateError::Failed(match fed {
+                    Err(e) => format!("the supervisor did not take the spec: {e}"),
+                    Ok(_) => "the supervisor ended without answering".to_owned(),
+                })),
+            }
+        }
+    }
+}
+
+async fn connect(socket: &Path) -> Result<AgentClient, String> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("cannot connect to the supervisor: {e}"))?;
+    match tokio::time::timeout(
+        GREETING_TIMEOUT,
+        AgentClient::connect(stream, first_request_id()),
+    )
+    .await
+    {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the agent did not answer the greeting in time".to_owned()),
+    }
+}
+
+fn signal(pidfd: &OwnedFd, signal: Signal) {
+    let _ = rustix::process::pidfd_send_signal(pidfd, signal);
+}
+
+#[async_trait::async_trait]
+impl Backend for ProcessBackend {
+    fn tier(&self) -> Tier {
+        Tier::Process
+    }
+
+    fn probe(&self) -> Result<(), Unavailable> {
+        let unavailable = |reason: &str| Unavailable {
+            tier: "process",
+            reason: reason.to_owned(),
+        };
+        if !rustix::process::geteuid().is_root() {
+            return Err(unavailable(
+                "the daemon must run as root to create namespaces, cgroups and uid ranges",
+            ));
+        }
+        if self.cgroups.is_none() {
+            return Err(unavailable(
+                "no usable cgroup hierarchy (memory, cpu and pids controllers) is mounted",
+            ));
+        }
+        if !self.exe.exists() {
+            return Err(unavailable(
+                "the airlock binary to supervise sandboxes is missing",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn create(&self, id: &str, spec: &SandboxSpec) -> Result<Instance, CreateError> {
+        let spec_json = serde_json::to_vec(spec)
+            .map_err(|e| CreateError::Failed(format!("cannot encode the spec: {e}")))?;
+        let socket = self.socket_of(id);
+        let (exe, owned_id, owned_socket) = (self.exe.clone(), id.to_owned(), socket.clone());
+        let (pid, pidfd) = tokio::task::spawn_blocking(move || {
+            start_supervisor(&exe, &owned_id, &owned_socket, &spec_json)
+        })
+        .await
+        .map_err(|e| CreateError::Failed(format!("the supervisor start was cancelled: {e}")))??;
+        let ended = self
+            .watch(id, pidfd)
+            .map_err(|e| CreateError::Failed(format!("cannot watch the supervisor: {e}")))?;
+        let resources = Resources::Process {
+            supervisor_pid: Some(pid),
+            socket: socket.display().to_string(),
+        };
+        match connect(&socket).await {
+            Ok(agent) => Ok(Instance {
+                agent,
+                resources,
+                ended,
+            }),
+            Err(message) => {
+                let _ = self.destroy(id, Some(&resources)).await;
+                Err(CreateError::Failed(message))
+            }
+        }
+    }
+
+    async fn adopt(&self, id: &str, resources: &Resources) -> Result<Instance, AdoptError> {
+        let Resources::Process {
+            supervisor_pid: Some(pid),
+            socket,
+        } = resources
+        else {
+            return Err(AdoptError::Gone);
+        };
+        let pidfd = open_supervisor(*pid, id).ok_or(AdoptError::Gone)?;
+        let ended = self
+            .watch(id, pidfd)
+            .map_err(|e| AdoptError::Agent(e.to_string()))?;
+        match connect(Path::new(socket)).await {
+            Ok(agent) => Ok(Instance {
+                agent,
+                resources: resources.clone(),
+                ended,
+            }),
+            Err(message) => Err(AdoptError::Agent(message)),
+        }
+    }
+
+    async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError> {
+        let supervisor = match self.supervisor(id) {
+            Some(supervisor) => Some(supervisor),
+            None => match resources {
+                Some(Resources::Process {
+                    supervisor_pid: Some(pid),
+                    ..
+                }) => open_supervisor(*pid, id).and_then(|pidfd| {
+                    drop(self.watch(id, pidfd).ok()?);
+                    self.supervisor(id)
+                }),
+                _ => None,
+            },
+        };
+        if let Some(supervisor) = supervisor {
+            let mut ended = supervisor.ended.clone();
+            let running = ended.borrow().is_none();
+            if running {
+                signal(&supervisor.pidfd, Signal::TERM);
+                let gone = tokio::time::timeout(STOP_GRACE, ended.wait_for(Option::is_some))
+                    .await
+                    .is_ok();
+                if !gone {
+                    signal(&supervisor.pidfd, Signal::KILL);
+                    let _ = ended.wait_for(Option::is_some).await.map(|_| ());
+                }
+            }
+            self.forget(id);
+        }
+        self.remove_leftovers(id).map_err(|what| DestroyError {
+            id: id.to_owned(),
+            what,
+        })
+    }
+
+    fn usage(&self, id: &str) -> Option<Usage> {
+        self.stats(id)
+    }
+
+    async fn reconcile(&self, keep: &HashSet<String>) -> Reconciled {
+        let mut reconciled = Reconciled::default();
+        // Supervisors alive without a record: stop them.
+        for record in self.runtime.live_records() {
+            if keep.contains(&record.id) {
+                continue;
+            }
+            let resources = Resources::Process {
+                supervisor_pid: Some(record.launcher_pid),
+                socket: self.socket_of(&record.id).display().to_string(),
+            };
+            if self.destroy(&record.id, Some(&resources)).await.is_ok() {
+                reconciled.stopped.push(record.id);
+            }
+        }
+        // Leftovers of dead launchers: slot records and cgroups.
+        let layout = self.cgroups.clone();
+        let runtime = self.runtime.clone();
+        if let Ok(removed) =
+            tokio::task::spawn_blocking(move || runtime.sweep(layout.as_ref())).await
+        {
+            reconciled.removed.extend(removed);
+        }
+        // Sockets of sandboxes that are not kept.
+        if let Ok(entries) = std::fs::read_dir(self.runtime.sockets()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let Some(id) = name.strip_suffix(".sock") else {
+                    continue;
+                };
+                if !keep.contains(id) && std::fs::remove_file(entry.path()).is_ok() {
+                    reconciled.removed.push(id.to_owned());
+                }
+            }
+        }
+        reconciled.removed.sort();
+        reconciled.removed.dedup();
+        reconciled
+    }
+
+    fn leaked(&self, keep: &HashSet<String>) -> usize {
+        let records = self
+            .runtime
+            .live_records()
+            .into_iter()
+            .filter(|r| !keep.contains(&r.id))
+            .count();
+        let cgroups = self
+            .cgroups
+            .as_ref()
+            .map(airlock_jail::cgroup::list_sandbox_cgroups)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|id| !keep.contains(id))
+            .count();
+        records + cgroups
+    }
+}

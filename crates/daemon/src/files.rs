@@ -1,0 +1,413 @@
+//! File operations. The agent resolves every path inside the sandbox; the
+//! daemon never touches a sandbox path on the host, so `..`, symlinks and
+//! NUL tricks meet the agent's rules, not the host's filesystem.
+//!
+//! Uploads are written to a temporary name beside the target and renamed
+//! into place once complete, so a failed or oversized upload leaves no file.
+
+use crate::{Daemon, DaemonError};
+use airlock_policy::RunAs;
+use airlock_protocol::{
+    ClientError, Event, Events, FileInfo, Identity, Request, MAX_PAYLOAD_BYTES,
+};
+use airlock_store::Stream;
+use futures_util::{Stream as AsyncStream, StreamExt};
+use serde_json::json;
+
+fn closed(id: &str) -> impl Fn(ClientError) -> DaemonError + '_ {
+    move |_| DaemonError::NotRunning(id.to_owned())
+}
+
+fn unexpected(event: &Event) -> DaemonError {
+    DaemonError::Internal(format!("unexpected answer from the agent: {event:?}"))
+}
+
+fn check_path(path: &str) -> Result<(), DaemonError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(DaemonError::BadInput(
+            "path must be an absolute path inside the sandbox, without NUL".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn owner(user: RunAs) -> Identity {
+    match user {
+        RunAs::User => Identity::User,
+        RunAs::Root => Identity::Root,
+    }
+}
+
+/// A file being read, chunk by chunk.
+pub struct FileReader {
+    first: Option<Vec<u8>>,
+    events: Events,
+    daemon: Daemon,
+    sandbox_id: String,
+    path: String,
+    request_id: String,
+    bytes: u64,
+    done: bool,
+}
+
+impl FileReader {
+    /// The next chunk; `None` at the end.
+    pub async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, DaemonError>> {
+        if let Some(first) = self.first.take() {
+            self.bytes += first.len() as u64;
+            return Some(Ok(first));
+        }
+        if self.done {
+            return None;
+        }
+        match self.events.next().await {
+            Ok(Some(frame)) => match frame.msg {
+                Event::FileData => {
+                    self.bytes += frame.payload.len() as u64;
+                    Some(Ok(frame.payload))
+                }
+                Event::FileEnd { .. } => {
+                    self.finish();
+                    None
+                }
+                Event::Error { kind, message } => {
+                    self.done = true;
+                    Some(Err(DaemonError::from_agent(kind, message)))
+                }
+                other => {
+                    self.done = true;
+                    Some(Err(unexpected(&other)))
+                }
+            },
+            Ok(None) => {
+                self.finish();
+                None
+            }
+            Err(_) => {
+                self.done = true;
+                Some(Err(DaemonError::NotRunning(self.sandbox_id.clone())))
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        self.daemon.audit().record(
+            Stream::Access,
+            "file.read",
+            Some(&self.sandbox_id),
+            Some(&self.request_id),
+            json!({"path": self.path, "bytes": self.bytes}),
+        );
+    }
+}
+
+impl Daemon {
+    /// Opens `path` for reading. Fails before the first byte if it cannot
+    /// be read, so the API can answer with a proper status.
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+        request_id: &str,
+    ) -> Result<FileReader, DaemonError> {
+        check_path(path)?;
+        let sandbox = self.running(id)?;
+        let mut events = sandbox
+            .agent()
+            .request(Request::ReadFile {
+                path: path.to_owned(),
+                offset: 0,
+                length: None,
+            })
+            .await
+            .map_err(closed(id))?;
+        let mut reader = FileReader {
+            first: None,
+            events: match events.next().await.map_err(closed(id))? {
+                Some(frame) => match frame.msg {
+                    Event::FileData => {
+                        let rest = events;
+                        return Ok(FileReader {
+                            first: Some(frame.payload),
+                            events: rest,
+                            daemon: self.clone(),
+                            sandbox_id: id.to_owned(),
+                            path: path.to_owned(),
+                            request_id: request_id.to_owned(),
+                            bytes: 0,
+                            done: false,
+                        });
+                    }
+                    Event::FileEnd { .. } => events,
+                    Event::Error { kind, message } => {
+                        return Err(DaemonError::from_agent(kind, message))
+                    }
+                    other => return Err(unexpected(&other)),
+                },
+                None => return Err(DaemonError::NotRunning(id.to_owned())),
+            },
+            daemon: self.clone(),
+            sandbox_id: id.to_owned(),
+            path: path.to_owned(),
+            request_id: request_id.to_owned(),
+            bytes: 0,
+            done: false,
+        };
+        // An empty file: the end came first.
+        reader.finish();
+        Ok(reader)
+    }
+
+    /// Writes `path` from `body`, creating parent directories, atomically:
+    /// the content goes to a temporary name and is renamed into place once
+    /// complete. More than `limit` bytes → `TooLarge` and nothing is left.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write_file<S, B, E>(
+        &self,
+        id: &str,
+        path: &str,
+        mode: Option<u32>,
+        user: Option<RunAs>,
+        mut body: S,
+        limit: u64,
+        request_id: &str,
+    ) -> Result<u64, DaemonError>
+    where
+        S: AsyncStream<Item = Result<B, E>> + Unpin,
+        B: AsRef<[u8]>,
+        E: std::fmt::Display,
+    {
+        check_path(path)?;
+        if path.ends_with('/') {
+            return Err(DaemonError::BadInput("path names a directory".into()));
+        }
+        let sandbox = self.running(id)?;
+        let user = user.unwrap_or(sandbox.spec.user);
+        let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let temp = format!(
+            "{dir}/.{name}.airlock-upload-{}",
+            airlock_store::new_secret("")
+                .map_err(DaemonError::from)?
+                .get(..12)
+                .unwrap_or("0")
+        );
+        let agent = sandbox.agent();
+        let events = agent
+            .request(Request::WriteFile {
+                path: temp.clone(),
+                mode,
+                create_parents: true,
+                append: false,
+                owner: owner(user),
+            })
+            .await
+            .map_err(closed(id))?;
+        let write_id = events.id();
+        let mut written: u64 = 0;
+        let mut failure: Option<DaemonError> = None;
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    failure = Some(DaemonError::BadInput(format!("the upload broke off: {e}")));
+                    break;
+                }
+            };
+            let bytes = chunk.as_ref();
+            written += bytes.len() as u64;
+            if written > limit {
+                failure = Some(DaemonError::TooLarge(format!(
+                    "the upload is larger than the limit of {limit} bytes"
+                )));
+                break;
+            }
+            for piece in bytes.chunks(MAX_PAYLOAD_BYTES.min(1 << 20)) {
+                agent
+                    .send(write_id, Request::WriteData, piece.to_vec())
+                    .await
+                    .map_err(closed(id))?;
+            }
+        }
+        agent
+            .send(write_id, Request::WriteEnd, Vec::new())
+            .await
+            .map_err(closed(id))?;
+        let outcome = events.finish().await.map_err(closed(id))?;
+        let result = match (failure, outcome) {
+            (Some(failure), _) => Err(failure),
+            (None, Event::Written { bytes }) => {
+                match self
+                    .simple_request(
+                        id,
+                        Request::Rename {
+                            from: temp.clone(),
+                            to: path.to_owned(),
+                        },
+                    )
+                    .await
+                {
+                    Ok(()) => Ok(bytes),
+                    Err(e) => Err(e),
+                }
+            }
+            (None, Event::Error { kind, message }) => Err(DaemonError::from_agent(kind, message)),
+            (None, other) => Err(unexpected(&other)),
+        };
+        if result.is_err() {
+            let _ = self
+                .simple_request(
+                    id,
+                    Request::Remove {
+                        path: temp,
+                        recursive: false,
+                    },
+                )
+                .await;
+        }
+        if let Ok(bytes) = result {
+            self.audit().record(
+                Stream::Access,
+                "file.write",
+                Some(id),
+                Some(request_id),
+                json!({"path": path, "bytes": bytes}),
+            );
+        }
+        result
+    }
+
+    /// A request answered by `done`.
+    async fn simple_request(&self, id: &str, request: Request) -> Result<(), DaemonError> {
+        match self.final_answer(id, request).await? {
+            Event::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The final event of a request; agent errors become `Err`.
+    async fn final_answer(&self, id: &str, request: Request) -> Result<Event, DaemonError> {
+        let sandbox = self.running(id)?;
+        match sandbox
+            .agent()
+            .request(request)
+            .await
+            .map_err(closed(id))?
+            .finish()
+            .await
+            .map_err(closed(id))?
+        {
+            Event::Error { kind, message } => Err(DaemonError::from_agent(kind, message)),
+            event => Ok(event),
+        }
+    }
+
+    /// Metadata of `path`.
+    pub async fn stat(&self, id: &str, path: &str) -> Result<FileInfo, DaemonError> {
+        check_path(path)?;
+        match self
+            .final_answer(
+                id,
+                Request::Stat {
+                    path: path.to_owned(),
+                },
+            )
+            .await?
+        {
+            Event::Stat(info) => Ok(info),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The entries under `path`, `depth` levels down (1 = children).
+    pub async fn list_dir(
+        &self,
+        id: &str,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<FileInfo>, DaemonError> {
+        check_path(path)?;
+        if !(1..=32).contains(&depth) {
+            return Err(DaemonError::BadInput(
+                "depth must be between 1 and 32".into(),
+            ));
+        }
+        match self
+            .final_answer(
+                id,
+                Request::ListDir {
+                    path: path.to_owned(),
+                    depth,
+                },
+            )
+            .await?
+        {
+            Event::Entries { entries } => Ok(entries),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Creates a directory (and its parents with `parents`).
+    pub async fn make_dir(
+        &self,
+        id: &str,
+        path: &str,
+        parents: bool,
+        user: Option<RunAs>,
+    ) -> Result<(), DaemonError> {
+        check_path(path)?;
+        let user = user.unwrap_or(self.running(id)?.spec.user);
+        self.simple_request(
+            id,
+            Request::MakeDir {
+                path: path.to_owned(),
+                parents,
+                mode: None,
+                owner: owner(user),
+            },
+        )
+        .await
+    }
+
+    /// Renames `from` to `to`.
+    pub async fn move_path(&self, id: &str, from: &str, to: &str) -> Result<FileInfo, DaemonError> {
+        check_path(from)?;
+        check_path(to)?;
+        self.simple_request(
+            id,
+            Request::Rename {
+                from: from.to_owned(),
+                to: to.to_owned(),
+            },
+        )
+        .await?;
+        self.stat(id, to).await
+    }
+
+    /// Removes `path` (a directory only with `recursive`, or when empty).
+    pub async fn remove(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        request_id: &str,
+    ) -> Result<(), DaemonError> {
+        check_path(path)?;
+        self.simple_request(
+            id,
+            Request::Remove {
+                path: path.to_owned(),
+                recursive,
+            },
+        )
+        .await?;
+        self.audit().record(
+            Stream::Access,
+            "file.remove",
+            Some(id),
+            Some(request_id),
+            json!({"path": path, "recursive": recursive}),
+        );
+        Ok(())
+    }
+}

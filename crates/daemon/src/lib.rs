@@ -1,0 +1,365 @@
+//! The engine of `airlock serve`: everything the daemon does, without HTTP.
+//!
+//! [`Daemon`] owns the live sandboxes and drives each through the lifecycle
+//! state machine of `airlock-core`, persisting every transition in the store
+//! with compare-and-set so the API, the TTL reaper and a sandbox's own death
+//! can race without corrupting its record. Creation passes admission control
+//! first; every sandbox holds a lease on its slot until its teardown ends.
+//!
+//! - [`sandboxes`]: create, get, list, stop (delete and timeout), the reaper.
+//! - [`exec`]: processes and their output hubs (attach, replay).
+//! - [`files`]: file operations, all carried out by the agent inside.
+//! - [`reconcile`]: what a starting daemon does with what it finds.
+//! - [`audit`] and [`metrics`]: the trail and the numbers.
+//!
+//! The API routers (`airlock-api`) translate HTTP into these calls and hold
+//! no state of their own, so every wire dialect behaves the same.
+#![forbid(unsafe_code)]
+
+pub mod audit;
+pub mod exec;
+pub mod files;
+pub mod metrics;
+pub mod processes;
+pub mod reconcile;
+pub mod sandboxes;
+
+use airlock_backend::{Backend, Resources};
+use airlock_core::{Admission, AdmissionLimits, LiveLease, Rejected, State};
+use airlock_policy::SandboxSpec;
+use airlock_protocol::{AgentClient, ErrorKind};
+use airlock_store::{Store, StoreError};
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use audit::Audit;
+pub use exec::{Attached, ExitInfo, Output, ProcessHub, ProcessView};
+pub use metrics::Metrics;
+
+/// The store, shared by the daemon's tasks (it is `Send`, not `Sync`).
+pub type SharedStore = Arc<Mutex<Store>>;
+
+/// What the daemon was told at start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// State, keys and audit streams live here.
+    pub data_dir: PathBuf,
+    /// Lifetime of a sandbox whose request names none.
+    pub default_timeout: Duration,
+    /// Longest lifetime a request may ask for (and `timeout` may set).
+    pub max_timeout: Duration,
+    /// Caps and queue in front of creation.
+    pub admission: AdmissionLimits,
+    /// Largest file upload, bytes.
+    pub max_upload_bytes: u64,
+    /// Host directories under which API clients may bind-mount paths; empty
+    /// means no host mounts from the API.
+    pub mount_roots: Vec<PathBuf>,
+    /// What this machine has, for refusing limits beyond it.
+    pub capacity: Capacity,
+}
+
+/// What the machine can give one sandbox at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Physical memory, bytes.
+    pub memory_bytes: u64,
+    /// Online CPUs, in thousandths.
+    pub cpu_millis: u32,
+}
+
+impl Capacity {
+    /// Reads /proc/meminfo and the online CPU count.
+    pub fn of_this_machine() -> Capacity {
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(u64::MAX, |kb| kb.saturating_mul(1024));
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        Capacity {
+            memory_bytes,
+            cpu_millis: cpus.saturating_mul(1000),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults: 300 s lifetime (24 h at most), default admission limits,
+    /// 1 GiB uploads, no host mounts.
+    pub fn new(data_dir: PathBuf) -> Config {
+        Config {
+            data_dir,
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            admission: AdmissionLimits::default(),
+            max_upload_bytes: 1 << 30,
+            mount_roots: Vec::new(),
+            capacity: Capacity::of_this_machine(),
+        }
+    }
+}
+
+/// Why a call failed, in the terms the API answers with.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The request cannot be carried out as written (400).
+    #[error("{0}")]
+    BadInput(String),
+    /// No such sandbox, process or path (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The sandbox exists but is not running (409).
+    #[error("sandbox {0} is not running")]
+    NotRunning(String),
+    /// The target exists already, or the state forbids it (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// Permission denied inside the sandbox (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// Too large (413).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The sandbox's disk is full (507).
+    #[error("{0}")]
+    NoSpace(String),
+    /// Admission refused the creation (429, or 503 while shutting down).
+    #[error("{0}")]
+    Rejected(Rejected),
+    /// Something failed inside the daemon; the message goes to the log only.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl DaemonError {
+    /// Maps an agent's error answer onto an API error.
+    pub fn from_agent(kind: ErrorKind, message: String) -> DaemonError {
+        match kind {
+            ErrorKind::NotFound => DaemonError::NotFound(message),
+            ErrorKind::AlreadyExists => DaemonError::Conflict(message),
+            ErrorKind::PermissionDenied => DaemonError::Forbidden(message),
+            ErrorKind::InvalidArgument
+            | ErrorKind::NotADirectory
+            | ErrorKind::IsADirectory
+            | ErrorKind::DirectoryNotEmpty
+            | ErrorKind::NotExecutable => DaemonError::BadInput(message),
+            ErrorKind::NoSpace => DaemonError::NoSpace(message),
+            ErrorKind::UnsupportedVersion | ErrorKind::Io => DaemonError::Internal(message),
+        }
+    }
+}
+
+impl From<StoreError> for DaemonError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::InvalidCursor => DaemonError::BadInput("the cursor is not valid".into()),
+            StoreError::InvalidLimit { .. } => {
+                DaemonError::BadInput("limit must be between 1 and 1000".into())
+            }
+            other => DaemonError::Internal(format!("store: {other}")),
+        }
+    }
+}
+
+/// The processes of one sandbox that the daemon started.
+#[derive(Default)]
+struct ProcessTable {
+    hubs: HashMap<u32, Arc<ProcessHub>>,
+    /// Ended pids, oldest first; past [`exec::ENDED_KEPT`] they are forgotten.
+    ended: VecDeque<u32>,
+}
+
+/// A sandbox the daemon is connected to.
+pub struct LiveSandbox {
+    /// `sbx-…`.
+    pub id: String,
+    /// The API key that created it.
+    pub owner: String,
+    /// What it was created with.
+    pub spec: SandboxSpec,
+    agent: AgentClient,
+    resources: Resources,
+    state: Mutex<State>,
+    lease: Mutex<Option<LiveLease>>,
+    processes: Mutex<ProcessTable>,
+    /// Held through a teardown, so stops and deaths run one at a time.
+    teardown: tokio::sync::Mutex<()>,
+}
+
+impl LiveSandbox {
+    /// The current state.
+    pub fn state(&self) -> State {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_state(&self, state: State) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    /// The connection to its agent.
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+}
+
+pub(crate) struct Inner {
+    config: Config,
+    store: SharedStore,
+    backend: Arc<dyn Backend>,
+    admission: Admission,
+    live: Mutex<HashMap<String, Arc<LiveSandbox>>>,
+    /// Ids being created (no live entry yet); they count as recorded.
+    creating: Mutex<std::collections::HashSet<String>>,
+    audit: Audit,
+    metrics: Metrics,
+}
+
+/// The daemon's engine. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Daemon {
+    inner: Arc<Inner>,
+}
+
+/// The daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the admission limits are not valid: {0}")]
+    Limits(#[from] airlock_core::LimitsError),
+    #[error("cannot open the audit streams in {0}")]
+    Audit(PathBuf, #[source] std::io::Error),
+}
+
+impl Daemon {
+    /// A daemon over `store` running sandboxes on `backend`. Call
+    /// [`Daemon::reconcile`] next, then start the reaper.
+    pub fn new(
+        config: Config,
+        store: SharedStore,
+        backend: Arc<dyn Backend>,
+    ) -> Result<Daemon, StartError> {
+        let admission = Admission::new(config.admission)?;
+        let audit_dir = config.data_dir.join("audit");
+        let audit = Audit::start(&audit_dir, Arc::clone(&store))
+            .map_err(|e| StartError::Audit(audit_dir, e))?;
+        Ok(Daemon {
+            inner: Arc::new(Inner {
+                config,
+                store,
+                backend,
+                admission,
+                live: Mutex::new(HashMap::new()),
+                creating: Mutex::new(Default::default()),
+                audit,
+                metrics: Metrics::new(),
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The audit trail.
+    pub fn audit(&self) -> &Audit {
+        &self.inner.audit
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// Runs `f` with the store locked.
+    pub fn with_store<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
+        let store = self.inner.store.lock().unwrap_or_else(|p| p.into_inner());
+        f(&store)
+    }
+
+    fn live_sandbox(&self, id: &str) -> Option<Arc<LiveSandbox>> {
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// The running sandbox `id`, or why not.
+    pub fn running(&self, id: &str) -> Result<Arc<LiveSandbox>, DaemonError> {
+        match self.live_sandbox(id) {
+            Some(sandbox) if sandbox.state() == State::Running => Ok(sandbox),
+            Some(_) => Err(DaemonError::NotRunning(id.to_owned())),
+            None => match self.with_store(|s| s.get_sandbox(id))? {
+                Some(_) => Err(DaemonError::NotRunning(id.to_owned())),
+                None => Err(not_found(id)),
+            },
+        }
+    }
+
+    /// Ids the daemon accounts for: live and being created.
+    fn recorded_ids(&self) -> std::collections::HashSet<String> {
+        let mut ids: std::collections::HashSet<String> = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        ids.extend(
+            self.inner
+                .creating
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        ids
+    }
+
+    /// Sets the gauges that mirror current state, then encodes every metric.
+    pub fn scrape_metrics(&self) -> String {
+        let metrics = &self.inner.metrics;
+        let mut counts: HashMap<&'static str, i64> = HashMap::new();
+        for sandbox in self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            *counts.entry(sandbox.state().as_str()).or_default() += 1;
+        }
+        let creating = self
+            .inner
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len() as i64;
+        *counts.entry("creating").or_default() += creating;
+        for state in ["creating", "running", "paused", "stopping"] {
+            metrics
+                .sandboxes
+                .get_or_create(&metrics::StateLabel { state })
+                .set(counts.get(state).copied().unwrap_or(0));
+        }
+        let admission = self.inner.admission.snapshot();
+        metrics.queue_depth.set(admission.queued as i64);
+        metrics
+            .leaked_resources
+            .set(self.inner.backend.leaked(&self.recorded_ids()) as i64);
+        metrics.audit_dropped.set(self.inner.audit.dropped() as i64);
+        metrics.encode()
+    }
+}
+
+pub(crate) fn not_found(id: &str) -> DaemonError {
+    DaemonError::NotFound(format!("no sandbox {id}"))
+}

@@ -1,0 +1,315 @@
+//! Running processes in a sandbox: exec, list, attach, stdin, signals.
+
+use crate::audit::now_ms;
+use crate::exec::{pump, Attached, ProcessHub, ProcessView, ENDED_KEPT};
+use crate::metrics::{ExecOutcome, OutcomeLabel};
+use crate::{Daemon, DaemonError, LiveSandbox};
+use airlock_policy::RunAs;
+use airlock_protocol::{ClientError, Event, Identity, ProcessLimits, Request, SpawnRequest};
+use airlock_store::Stream;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    /// Program; looked up in PATH when it has no `/`.
+    pub cmd: String,
+    /// Arguments after the program.
+    pub args: Vec<String>,
+    /// Added to the sandbox's environment.
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the user's home when absent.
+    pub cwd: Option<String>,
+    /// Who runs it; the sandbox's default when absent.
+    pub user: Option<RunAs>,
+    /// Kill it after this long.
+    pub timeout_ms: Option<u64>,
+    /// Whether its stdin is a pipe fed through the API.
+    pub stdin: bool,
+}
+
+fn identity(user: RunAs) -> Identity {
+    match user {
+        RunAs::User => Identity::User,
+        RunAs::Root => Identity::Root,
+    }
+}
+
+fn closed(id: &str) -> impl Fn(ClientError) -> DaemonError + '_ {
+    move |_| DaemonError::NotRunning(id.to_owned())
+}
+
+impl Daemon {
+    /// Starts a process. Returns once it runs, with a client attached to its
+    /// output from the first byte.
+    pub async fn exec(
+        &self,
+        id: &str,
+        request: ExecRequest,
+        request_id: &str,
+    ) -> Result<(Arc<ProcessHub>, Attached), DaemonError> {
+        let sandbox = self.running(id)?;
+        if request.cmd.is_empty() || request.cmd.contains('\0') {
+            return Err(DaemonError::BadInput(
+                "cmd must be a non-empty string without NUL".into(),
+            ));
+        }
+        let user = request.user.unwrap_or(sandbox.spec.user);
+        let mut env = sandbox.spec.process_env(user);
+        env.extend(request.env.clone());
+        let limits = &sandbox.spec.limits;
+        let requested_at = Instant::now();
+        let before = self.inner.backend.usage(id).unwrap_or_default();
+        let mut events = sandbox
+            .agent()
+            .request(Request::Spawn(SpawnRequest {
+                cmd: request.cmd.clone(),
+                args: request.args.clone(),
+                env,
+                cwd: request.cwd.clone().or_else(|| sandbox.spec.cwd.clone()),
+                user: identity(user),
+                stdin: request.stdin,
+                timeout_ms: request.timeout_ms,
+                output_limit: limits.output_bytes,
+                limits: ProcessLimits {
+                    nofile: limits.nofile,
+                    fsize_bytes: limits.disk_bytes + 4096,
+                },
+            }))
+            .await
+            .map_err(closed(id))?;
+        let pid = match events.next().await.map_err(closed(id))? {
+            Some(frame) => match frame.msg {
+                Event::Started { pid } => pid,
+                Event::Error { kind, message } => {
+                    self.count_exec(ExecOutcome::error);
+                    return Err(DaemonError::from_agent(kind, message));
+                }
+                other => {
+                    return Err(DaemonError::Internal(format!(
+                        "the agent answered a spawn with {other:?}"
+                    )))
+                }
+            },
+            None => return Err(DaemonError::NotRunning(id.to_owned())),
+        };
+        let hub = Arc::new(ProcessHub::new(
+            pid,
+            request.cmd.clone(),
+            request.args.clone(),
+            identity(user),
+            now_ms(),
+        ));
+        let attached = hub.attach();
+        {
+            let mut table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+            table.hubs.insert(pid, Arc::clone(&hub));
+        }
+        self.inner.audit.record(
+            Stream::Runtime,
+            "exec.started",
+            Some(id),
+            Some(request_id),
+            json!({"pid": pid, "cmd": request.cmd, "args": request.args, "user": identity(user)}),
+        );
+        let daemon = self.clone();
+        let pumped = Arc::clone(&hub);
+        let request_id = request_id.to_owned();
+        tokio::spawn(async move {
+            let backend = Arc::clone(&daemon.inner.backend);
+            let sandbox_id = sandbox.id.clone();
+            let oom_check = move || {
+                backend
+                    .usage(&sandbox_id)
+                    .is_some_and(|after| after.oom_kills > before.oom_kills)
+            };
+            let finished = pump(&pumped, events, requested_at, oom_check).await;
+            daemon.exec_finished(&sandbox, &pumped, finished, before, &request_id);
+        });
+        Ok((hub, attached))
+    }
+
+    fn count_exec(&self, outcome: ExecOutcome) {
+        self.inner
+            .metrics
+            .execs
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    fn exec_finished(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        hub: &Arc<ProcessHub>,
+        finished: crate::exec::Finished,
+        before: airlock_backend::Usage,
+        request_id: &str,
+    ) {
+        let id = sandbox.id.as_str();
+        {
+            let mut table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+            table.ended.push_back(hub.pid);
+            while table.ended.len() > ENDED_KEPT {
+                if let Some(old) = table.ended.pop_front() {
+                    table.hubs.remove(&old);
+                }
+            }
+        }
+        match finished.exit {
+            Some(exit) => {
+                let outcome = if exit.timed_out {
+                    ExecOutcome::timeout
+                } else if exit.exit_code == Some(0) {
+                    ExecOutcome::ok
+                } else {
+                    ExecOutcome::failed
+                };
+                self.count_exec(outcome);
+                self.inner
+                    .metrics
+                    .exec_seconds
+                    .observe(exit.duration_ms as f64 / 1000.0);
+                self.inner.audit.record(
+                    Stream::Runtime,
+                    "exec.exited",
+                    Some(id),
+                    Some(request_id),
+                    json!(exit),
+                );
+                if exit.oom {
+                    self.inner.metrics.oom_kills.inc();
+                    self.inner.audit.record(
+                        Stream::Security,
+                        "exec.oom",
+                        Some(id),
+                        Some(request_id),
+                        json!({"pid": exit.pid, "memory_bytes": sandbox.spec.limits.memory_bytes}),
+                    );
+                }
+                if exit.timed_out {
+                    self.inner.audit.record(
+                        Stream::Security,
+                        "exec.timeout_kill",
+                        Some(id),
+                        Some(request_id),
+                        json!({"pid": exit.pid, "duration_ms": exit.duration_ms}),
+                    );
+                }
+            }
+            None => {
+                self.count_exec(ExecOutcome::error);
+                self.inner.audit.record(
+                    Stream::Runtime,
+                    "exec.lost",
+                    Some(id),
+                    Some(request_id),
+                    json!({"pid": hub.pid, "error": finished.error}),
+                );
+            }
+        }
+        if let Some(after) = self.inner.backend.usage(id) {
+            if after.pids_limit_hits > before.pids_limit_hits {
+                self.inner.audit.record(
+                    Stream::Security,
+                    "limit.pids",
+                    Some(id),
+                    Some(request_id),
+                    json!({"pid": hub.pid, "limit": sandbox.spec.limits.pids,
+                           "hits": after.pids_limit_hits - before.pids_limit_hits}),
+                );
+            }
+        }
+    }
+
+    /// The processes the daemon started in `id` (running and recently
+    /// ended), plus running ones it did not start or no longer follows.
+    pub async fn processes(&self, id: &str) -> Result<Vec<ProcessView>, DaemonError> {
+        let sandbox = self.running(id)?;
+        let mut views: Vec<ProcessView> = {
+            let table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+            table.hubs.values().map(|hub| hub.view()).collect()
+        };
+        let answer = sandbox
+            .agent()
+            .request(Request::ListProcesses)
+            .await
+            .map_err(closed(id))?
+            .finish()
+            .await
+            .map_err(closed(id))?;
+        if let Event::Processes { processes } = answer {
+            for process in processes {
+                if !views.iter().any(|v| v.pid == process.pid) {
+                    views.push(ProcessView {
+                        pid: process.pid,
+                        cmd: process.cmd,
+                        args: process.args,
+                        user: process.user,
+                        running: true,
+                        exit_code: None,
+                        signal: None,
+                        started_at: 0,
+                    });
+                }
+            }
+        }
+        views.sort_by_key(|v| v.pid);
+        Ok(views)
+    }
+
+    /// The hub of process `pid` in `id`.
+    pub fn process(&self, id: &str, pid: u32) -> Result<Arc<ProcessHub>, DaemonError> {
+        let sandbox = self.running(id)?;
+        let table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+        table
+            .hubs
+            .get(&pid)
+            .cloned()
+            .ok_or_else(|| DaemonError::NotFound(format!("no process {pid} in {id}")))
+    }
+
+    /// Appends `data` to the stdin of `pid`.
+    pub async fn write_stdin(&self, id: &str, pid: u32, data: Vec<u8>) -> Result<(), DaemonError> {
+        self.simple(id, Request::WriteStdin { pid }, data).await
+    }
+
+    /// Closes the stdin of `pid`.
+    pub async fn close_stdin(&self, id: &str, pid: u32) -> Result<(), DaemonError> {
+        self.simple(id, Request::CloseStdin { pid }, Vec::new())
+            .await
+    }
+
+    /// Sends `signal` to the process group of `pid`.
+    pub async fn signal(&self, id: &str, pid: u32, signal: i32) -> Result<(), DaemonError> {
+        self.simple(id, Request::Signal { pid, signal }, Vec::new())
+            .await
+    }
+
+    /// A request answered by `done` or an error.
+    async fn simple(
+        &self,
+        id: &str,
+        request: Request,
+        payload: Vec<u8>,
+    ) -> Result<(), DaemonError> {
+        let sandbox = self.running(id)?;
+        match sandbox
+            .agent()
+            .request_with_payload(request, payload)
+            .await
+            .map_err(closed(id))?
+            .finish()
+            .await
+            .map_err(closed(id))?
+        {
+            Event::Done => Ok(()),
+            Event::Error { kind, message } => Err(DaemonError::from_agent(kind, message)),
+            other => Err(DaemonError::Internal(format!(
+                "unexpected answer from the agent: {other:?}"
+            ))),
+        }
+    }
+}

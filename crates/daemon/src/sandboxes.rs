@@ -1,0 +1,551 @@
+//! Sandbox lifecycle: create, read, list, stop, expire.
+//!
+//! Every state change goes through [`airlock_core::next`] and is written to
+//! the store with compare-and-set on the state it came from. A stop (API
+//! delete, timeout) and a sandbox's own death take the sandbox's teardown
+//! lock, so they run one after the other and the second finds it dead.
+
+use crate::audit::now_ms;
+use crate::{not_found, Daemon, DaemonError, LiveSandbox, ProcessTable};
+use airlock_backend::{CreateError, Ending, Resources};
+use airlock_core::{next, Action, DeadReason, State};
+use airlock_policy::{SandboxSpec, Template};
+use airlock_store::{KeyRow, ListQuery, NewSandbox, Page, SandboxRow, Stream};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often the reaper looks for expired sandboxes.
+const REAPER_TICK: Duration = Duration::from_millis(100);
+/// How long a stop of a sandbox still being created waits for it.
+const CREATING_WAIT: Duration = Duration::from_secs(30);
+
+/// What a new sandbox is.
+#[derive(Debug, Clone)]
+pub struct NewSandboxRequest {
+    /// The validated spec (its `timeout_ms` is the lifetime).
+    pub spec: SandboxSpec,
+    /// The template's name as the client gave it.
+    pub template_name: String,
+    /// User metadata.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A sandbox just created.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// Its record.
+    pub row: SandboxRow,
+    /// The access token, shown this once.
+    pub access_token: String,
+}
+
+/// The store's state column and reason for a lifecycle state.
+fn columns(state: State) -> (airlock_store::State, Option<&'static str>) {
+    use airlock_store::State as S;
+    let column = match state {
+        State::Creating => S::Creating,
+        State::Running => S::Running,
+        State::Paused => S::Paused,
+        State::Stopping(_) => S::Stopping,
+        State::Dead(_) => S::Dead,
+    };
+    (column, state.reason().map(DeadReason::as_str))
+}
+
+/// The lifecycle state of a stored row.
+pub fn state_of(row: &SandboxRow) -> State {
+    State::from_parts(row.state.as_str(), row.state_reason.as_deref())
+        .unwrap_or(State::Dead(DeadReason::Crashed))
+}
+
+impl Daemon {
+    /// Moves `id` from `from` by `action` in the store (compare-and-set).
+    /// `Ok(None)` when the stored state was no longer `from`.
+    pub(crate) fn transition(
+        &self,
+        id: &str,
+        from: State,
+        action: Action,
+    ) -> Result<Option<State>, DaemonError> {
+        let to = next(from, action).map_err(|e| DaemonError::Conflict(e.to_string()))?;
+        let (from_column, _) = columns(from);
+        let (to_column, reason) = columns(to);
+        let changed = self.with_store(|s| s.set_state(id, Some(from_column), to_column, reason))?;
+        Ok(changed.then_some(to))
+    }
+
+    /// Refuses what this machine or this daemon's policy cannot give.
+    fn check_request(&self, spec: &SandboxSpec) -> Result<(), DaemonError> {
+        spec.validate()
+            .map_err(|e| DaemonError::BadInput(e.to_string()))?;
+        let capacity = self.config().capacity;
+        if spec.limits.memory_bytes > capacity.memory_bytes {
+            return Err(DaemonError::BadInput(format!(
+                "memory limit {} bytes is more than this machine has ({} bytes)",
+                spec.limits.memory_bytes, capacity.memory_bytes
+            )));
+        }
+        if spec.limits.disk_bytes > capacity.memory_bytes {
+            return Err(DaemonError::BadInput(format!(
+                "disk limit {} bytes is more than this machine can hold in memory ({} bytes)",
+                spec.limits.disk_bytes, capacity.memory_bytes
+            )));
+        }
+        if spec.limits.cpu_millis > capacity.cpu_millis {
+            return Err(DaemonError::BadInput(format!(
+                "cpu limit {} is more than this machine's {} CPUs",
+                f64::from(spec.limits.cpu_millis) / 1000.0,
+                capacity.cpu_millis / 1000
+            )));
+        }
+        if spec.timeout_ms > self.config().max_timeout.as_millis() as u64 {
+            return Err(DaemonError::BadInput(format!(
+                "timeout must be at most {} s",
+                self.config().max_timeout.as_secs()
+            )));
+        }
+        for mount in &spec.mounts {
+            let allowed = mount
+                .source
+                .canonicalize()
+                .ok()
+                .filter(|real| *real == mount.source)
+                .is_some_and(|real| {
+                    self.config()
+                        .mount_roots
+                        .iter()
+                        .any(|root| real.starts_with(root))
+                });
+            if !allowed {
+                return Err(DaemonError::BadInput(format!(
+                    "host path {} may not be mounted: it must be a canonical path under a directory the daemon allows (--allow-mount)",
+                    mount.source.display()
+                )));
+            }
+        }
+        if let Template::Dir { path } = &spec.template {
+            if !path.starts_with(self.config().data_dir.join("templates")) {
+                return Err(DaemonError::BadInput(
+                    "templates must be registered with the daemon".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates and starts a sandbox for `owner`. Waits in the admission
+    /// queue when every create slot is busy.
+    pub async fn create(
+        &self,
+        owner: &KeyRow,
+        request: NewSandboxRequest,
+        request_id: &str,
+    ) -> Result<Created, DaemonError> {
+        self.check_request(&request.spec)?;
+        let permit = match self.inner.admission.admit(&owner.id).await {
+            Ok(permit) => permit,
+            Err(rejected) => {
+                self.inner.metrics.rejected.inc();
+                self.inner.audit.record(
+                    Stream::Security,
+                    "sandbox.rejected",
+                    None,
+                    Some(request_id),
+                    json!({"key_id": owner.id, "reason": rejected.reason.to_string()}),
+                );
+                return Err(DaemonError::Rejected(rejected));
+            }
+        };
+        let started = Instant::now();
+        let id = airlock_store::new_sandbox_id()?;
+        let access_token = airlock_store::new_secret("at_")?;
+        let now = now_ms();
+        let spec = request.spec;
+        let spec_json = serde_json::to_string(&spec)
+            .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
+        let tier = serde_json::to_value(spec.tier)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "process".into());
+        self.with_store(|s| {
+            s.insert_sandbox(&NewSandbox {
+                id: id.clone(),
+                tier: tier.clone(),
+                template: request.template_name.clone(),
+                spec_json,
+                metadata: request.metadata.clone(),
+                owner_key_id: owner.id.clone(),
+                access_token_hash: airlock_store::hash_secret(&access_token),
+                created_at: now,
+                expires_at: now.saturating_add(spec.timeout_ms as i64),
+                resources_json: None,
+            })
+        })?;
+        self.inner
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
+        let created = self.inner.backend.create(&id, &spec).await;
+        let forget_creating = || {
+            self.inner
+                .creating
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        };
+        let instance = match created {
+            Ok(instance) => instance,
+            Err(e) => {
+                let _ = self.transition(&id, State::Creating, Action::Failed);
+                forget_creating();
+                self.inner
+                    .metrics
+                    .deaths
+                    .get_or_create(&crate::metrics::ReasonLabel {
+                        reason: DeadReason::CreateFailed.as_str(),
+                    })
+                    .inc();
+                self.inner.audit.record(
+                    Stream::Runtime,
+                    "sandbox.create_failed",
+                    Some(&id),
+                    Some(request_id),
+                    json!({"error": e.to_string()}),
+                );
+                return Err(match e {
+                    CreateError::BadInput(message) => DaemonError::BadInput(message),
+                    CreateError::Failed(message) => {
+                        DaemonError::Internal(format!("creating {id} failed: {message}"))
+                    }
+                });
+            }
+        };
+        let resources_json = serde_json::to_string(&instance.resources).ok();
+        let supervisor = match &instance.resources {
+            Resources::Process { supervisor_pid, .. } => *supervisor_pid,
+        };
+        self.with_store(|s| {
+            s.set_resources(&id, resources_json.as_deref())
+                .and_then(|()| s.set_supervisor(&id, supervisor))
+        })?;
+        let sandbox = Arc::new(LiveSandbox {
+            id: id.clone(),
+            owner: owner.id.clone(),
+            spec,
+            agent: instance.agent,
+            resources: instance.resources,
+            state: Mutex::new(State::Creating),
+            lease: Mutex::new(None),
+            processes: Mutex::new(ProcessTable::default()),
+            teardown: tokio::sync::Mutex::new(()),
+        });
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), Arc::clone(&sandbox));
+        forget_creating();
+        *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
+        self.watch_for_death(&sandbox, instance.ended);
+
+        match self.transition(&id, State::Creating, Action::Started)? {
+            Some(state) => sandbox.set_state(state),
+            None => {
+                // Stopped while it was being created: finish that stop.
+                let stored = self
+                    .with_store(|s| s.get_sandbox(&id))?
+                    .map(|row| state_of(&row));
+                let reason = stored
+                    .and_then(State::reason)
+                    .unwrap_or(DeadReason::Deleted);
+                sandbox.set_state(State::Stopping(reason));
+                self.finish_stop(&sandbox, reason, Some(request_id)).await;
+                return Err(DaemonError::NotRunning(id));
+            }
+        }
+        let elapsed = started.elapsed();
+        self.inner
+            .metrics
+            .create_seconds
+            .observe(elapsed.as_secs_f64());
+        self.inner.audit.record(
+            Stream::Runtime,
+            "sandbox.created",
+            Some(&id),
+            Some(request_id),
+            json!({
+                "key_id": owner.id,
+                "template": request.template_name,
+                "tier": tier,
+                "limits": sandbox.spec.limits,
+                "timeout_ms": sandbox.spec.timeout_ms,
+                "duration_ms": elapsed.as_millis() as u64,
+            }),
+        );
+        let row = self
+            .with_store(|s| s.get_sandbox(&id))?
+            .ok_or_else(|| not_found(&id))?;
+        Ok(Created { row, access_token })
+    }
+
+    /// Waits for the sandbox to end on its own and records how.
+    pub(crate) fn watch_for_death(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        ended: airlock_backend::Ended,
+    ) {
+        let daemon = self.clone();
+        let sandbox = Arc::clone(sandbox);
+        tokio::spawn(async move {
+            let ending = ended.await;
+            daemon.on_death(&sandbox, ending).await;
+        });
+    }
+
+    async fn on_death(&self, sandbox: &Arc<LiveSandbox>, ending: Ending) {
+        let _teardown = sandbox.teardown.lock().await;
+        let state = sandbox.state();
+        if matches!(state, State::Stopping(_) | State::Dead(_)) {
+            return; // a stop is (or was) in charge
+        }
+        let reason = match ending {
+            Ending::Oom => DeadReason::Oom,
+            _ => DeadReason::Crashed,
+        };
+        // Creating is not a death the state machine allows; the creator
+        // finds out when its `Started` fails.
+        let mut from = state;
+        if from == State::Creating {
+            if let Ok(Some(stopping)) =
+                self.transition(&sandbox.id, from, Action::Stop(DeadReason::Crashed))
+            {
+                from = stopping;
+            }
+        }
+        if let Ok(Some(dead)) = self.transition(&sandbox.id, from, Action::Exited(reason)) {
+            sandbox.set_state(dead);
+        }
+        if reason == DeadReason::Oom {
+            self.inner.metrics.oom_kills.inc();
+            self.inner.audit.record(
+                Stream::Security,
+                "sandbox.oom",
+                Some(&sandbox.id),
+                None,
+                json!({"memory_bytes": sandbox.spec.limits.memory_bytes}),
+            );
+        }
+        self.release(sandbox, reason, None).await;
+    }
+
+    /// Stops a sandbox for `reason` and waits until everything it held is
+    /// released. A sandbox that is already dead is a success.
+    pub async fn stop(
+        &self,
+        id: &str,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) -> Result<(), DaemonError> {
+        let Some(sandbox) = self.live_sandbox(id) else {
+            return self.stop_unconnected(id, reason).await;
+        };
+        let _teardown = sandbox.teardown.lock().await;
+        let state = sandbox.state();
+        if state.is_dead() {
+            return Ok(());
+        }
+        let stopping = match self.transition(id, state, Action::Stop(reason))? {
+            Some(stopping) => stopping,
+            // The row moved under us (a concurrent creator); take what it says.
+            None => State::Stopping(reason),
+        };
+        sandbox.set_state(stopping);
+        if reason == DeadReason::Timeout {
+            self.inner.audit.record(
+                Stream::Security,
+                "sandbox.timeout_kill",
+                Some(id),
+                request_id,
+                json!({"timeout_ms": sandbox.spec.timeout_ms}),
+            );
+        }
+        let reason = stopping.reason().unwrap_or(reason);
+        self.finish_stop(&sandbox, reason, request_id).await;
+        Ok(())
+    }
+
+    /// Teardown and the final transition of a sandbox in `Stopping`.
+    async fn finish_stop(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) {
+        if let Ok(Some(dead)) =
+            self.transition(&sandbox.id, State::Stopping(reason), Action::Exited(reason))
+        {
+            sandbox.set_state(dead);
+        }
+        self.release(sandbox, reason, request_id).await;
+    }
+
+    /// Releases the host resources of a sandbox that is dead (or being
+    /// recorded dead) and forgets it.
+    async fn release(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) {
+        // Teardown first: the row says dead only once this returns, except
+        // for the tiny window the state was written above; a teardown that
+        // fails is counted and logged, and reconcile retries at next start.
+        if let Err(e) = self
+            .inner
+            .backend
+            .destroy(&sandbox.id, Some(&sandbox.resources))
+            .await
+        {
+            self.inner.metrics.teardown_failures.inc();
+            tracing::error!("{e}");
+        }
+        sandbox.set_state(State::Dead(reason));
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&sandbox.id);
+        drop(
+            sandbox
+                .lease
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
+        self.inner
+            .metrics
+            .deaths
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+        self.inner.audit.record(
+            Stream::Runtime,
+            "sandbox.stopped",
+            Some(&sandbox.id),
+            request_id,
+            json!({"reason": reason.as_str()}),
+        );
+    }
+
+    /// Stop of a sandbox with no live connection: one being created (wait
+    /// for its creator to finish the stop), or one already dead.
+    async fn stop_unconnected(&self, id: &str, reason: DeadReason) -> Result<(), DaemonError> {
+        let Some(row) = self.with_store(|s| s.get_sandbox(id))? else {
+            return Err(not_found(id));
+        };
+        let state = state_of(&row);
+        if state.is_dead() {
+            return Ok(());
+        }
+        if state == State::Creating {
+            let _ = self.transition(id, State::Creating, Action::Stop(reason))?;
+        }
+        let deadline = Instant::now() + CREATING_WAIT;
+        while Instant::now() < deadline {
+            if self.live_sandbox(id).is_some() {
+                // The creator registered it meanwhile; a normal stop follows.
+                return Box::pin(self.stop(id, reason, None)).await;
+            }
+            let row = self.with_store(|s| s.get_sandbox(id))?;
+            if row.as_ref().is_none_or(|r| state_of(r).is_dead()) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(DaemonError::Internal(format!(
+            "{id} did not finish stopping"
+        )))
+    }
+
+    /// The record of `id` if `key` may see it (its owner, or an admin).
+    pub fn get(&self, key: &KeyRow, id: &str) -> Result<SandboxRow, DaemonError> {
+        match self.with_store(|s| s.get_sandbox(id))? {
+            Some(row) if key.is_admin || row.owner_key_id == key.id => Ok(row),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    /// Whether `token` is the access token of `id`.
+    pub fn access_token_matches(&self, id: &str, token: &str) -> bool {
+        self.with_store(|s| s.verify_access_token(id, token))
+            .unwrap_or(false)
+    }
+
+    /// One page of the sandboxes `key` may see.
+    pub fn list(
+        &self,
+        key: &KeyRow,
+        mut query: ListQuery,
+    ) -> Result<Page<SandboxRow>, DaemonError> {
+        if !key.is_admin {
+            query.owner_key_id = Some(key.id.clone());
+        }
+        Ok(self.with_store(|s| s.list_sandboxes(&query))?)
+    }
+
+    /// Makes `id` expire `timeout` from now.
+    pub fn set_timeout(
+        &self,
+        key: &KeyRow,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<SandboxRow, DaemonError> {
+        let row = self.get(key, id)?;
+        if state_of(&row).is_dead() {
+            return Err(DaemonError::NotRunning(id.to_owned()));
+        }
+        if timeout.is_zero() || timeout > self.config().max_timeout {
+            return Err(DaemonError::BadInput(format!(
+                "timeout must be between 1 s and {} s",
+                self.config().max_timeout.as_secs()
+            )));
+        }
+        let expires_at = now_ms().saturating_add(timeout.as_millis() as i64);
+        self.with_store(|s| s.set_expiry(id, expires_at))?;
+        self.get(key, id)
+    }
+
+    /// Kills sandboxes whose time is up, forever (spawn it once).
+    pub async fn run_reaper(self) {
+        let mut tick = tokio::time::interval(REAPER_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let expired = match self.with_store(|s| s.expired(now_ms())) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::error!("the reaper cannot read the store: {e}");
+                    continue;
+                }
+            };
+            for id in expired {
+                let stopping = self
+                    .live_sandbox(&id)
+                    .is_some_and(|s| matches!(s.state(), State::Stopping(_) | State::Dead(_)));
+                if stopping {
+                    continue;
+                }
+                let daemon = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = daemon.stop(&id, DeadReason::Timeout, None).await {
+                        tracing::warn!("the reaper could not stop {id}: {e}");
+                    }
+                });
+            }
+        }
+    }
+}
