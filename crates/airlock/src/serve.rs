@@ -111,6 +111,22 @@ fn open_store(dir: &Path) -> anyhow::Result<Store> {
     Store::open(&path).with_context(|| format!("cannot open the state database {}", path.display()))
 }
 
+/// The tag that marks this data directory's sandboxes on the host (random,
+/// made on first start, kept in `<data-dir>/instance`).
+fn instance_tag(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("instance");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let tag = text.trim();
+        if (1..=32).contains(&tag.len()) && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(tag.to_owned());
+        }
+    }
+    let tag: String = airlock_store::new_secret("")?.chars().take(16).collect();
+    std::fs::write(&path, format!("{tag}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(tag)
+}
+
 /// Creates the admin key on first start and writes it to `admin.key`.
 fn bootstrap_admin_key(store: &Store, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     if store.count_keys()? > 0 {
@@ -155,7 +171,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("airlock: created an admin API key in {}", path.display());
     }
     let exe = std::env::current_exe().context("cannot find the airlock binary")?;
-    let backend = ProcessBackend::new(exe);
+    let backend = ProcessBackend::new(exe, instance_tag(&data_dir)?);
     backend.probe()?;
     let mut config = Config::new(data_dir.clone());
     config.admission = AdmissionLimits {

@@ -58,6 +58,11 @@ pub struct SuperviseArgs {
     /// Unix socket to serve the agent channel on.
     #[arg(long)]
     socket: PathBuf,
+    /// Tag of the daemon that owns this sandbox. Unused here; it is in the
+    /// command line so a daemon's reconciliation touches only its own
+    /// supervisors, never another daemon's or an `airlock run`.
+    #[arg(long, default_value = "")]
+    owner: String,
 }
 
 fn answer(value: serde_json::Value) {

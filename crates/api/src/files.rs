@@ -242,3 +242,89 @@ pub async fn move_path(
             .into(),
     ))
 }
+
+/// Query of a watch.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WatchParams {
+    /// Absolute path of a directory inside the sandbox.
+    pub path: String,
+    /// Watch subdirectories too, including ones created later.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// One line of a watch stream (NDJSON).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct WatchEvent {
+    /// `create`, `write`, `remove`, `rename` or `chmod`; `error` when the
+    /// watch broke (then `code` and `message` are set and the stream ends).
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Streams changes under a directory until the client goes away.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), WatchParams),
+    responses(
+        (status = 200, description = "NDJSON changes", content_type = "application/x-ndjson", body = WatchEvent),
+        (status = 400, description = "Not a directory", body = ErrorBody),
+        (status = 404, description = "No such sandbox or directory", body = ErrorBody),
+    ))]
+pub async fn watch(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    params: std::result::Result<Query<WatchParams>, QueryRejection>,
+) -> Result<Response> {
+    caller.may_use(&api.daemon, &id)?;
+    let params = query(params)?;
+    let watcher = api
+        .daemon
+        .watch(&id, &params.path, params.recursive)
+        .await?;
+    let stream = futures_util::stream::unfold(Some(watcher), |watcher| async move {
+        let mut watcher = watcher?;
+        let event = match watcher.next().await? {
+            Ok(change) => WatchEvent {
+                kind: serde_json::to_value(change.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                path: Some(change.path),
+                code: None,
+                message: None,
+            },
+            Err(e) => {
+                let error = ApiError::from(e);
+                WatchEvent {
+                    kind: "error".into(),
+                    path: None,
+                    code: Some(error.code.to_owned()),
+                    message: Some(error.message),
+                }
+            }
+        };
+        let mut line = serde_json::to_vec(&event).unwrap_or_default();
+        line.push(b'\n');
+        Some((
+            Ok::<Bytes, std::convert::Infallible>(Bytes::from(line)),
+            Some(watcher),
+        ))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}

@@ -131,6 +131,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(files::list_dir))
         .routes(routes!(files::make_dir))
         .routes(routes!(files::move_path))
+        .routes(routes!(files::watch))
         .routes(routes!(metrics))
         .routes(routes!(healthz))
         .with_state(api)

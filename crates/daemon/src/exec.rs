@@ -231,8 +231,8 @@ pub struct Finished {
 }
 
 /// Reads a process's events from the agent until its end and publishes
-/// them. `oom_check` is asked, when the process ends by SIGKILL, whether
-/// the sandbox's memory limit did it (the agent cannot always tell).
+/// them. `oom_check` is asked, when the process ends, whether the sandbox's
+/// memory limit killed something meanwhile (the agent cannot always tell).
 pub async fn pump(
     hub: &ProcessHub,
     mut events: Events,
@@ -282,12 +282,14 @@ pub async fn pump(
 }
 
 fn exit_info(status: &ExitStatus, requested_at: Instant, oom_check: impl Fn() -> bool) -> ExitInfo {
-    let killed = status.signal == Some(9);
     ExitInfo {
         pid: status.pid,
         exit_code: status.code,
         signal: status.signal,
-        oom: status.oom || (killed && !status.timed_out && oom_check()),
+        // A kill by the sandbox's OOM killer while this process ran; a
+        // shell whose child was killed exits 137 rather than by signal, so
+        // the cgroup's counter is asked whatever the exit looked like.
+        oom: status.oom || (!status.timed_out && oom_check()),
         timed_out: status.timed_out,
         duration_ms: requested_at.elapsed().as_millis() as u64,
         stdout_truncated: status.stdout_truncated,

@@ -411,3 +411,122 @@ impl Daemon {
         Ok(())
     }
 }
+
+/// A live watch of a directory; cancelled in the agent when dropped.
+pub struct Watcher {
+    /// A change that arrived while the watch was being confirmed.
+    pending: Option<Change>,
+    events: Events,
+    agent: airlock_protocol::AgentClient,
+    ended: bool,
+}
+
+/// One change under a watched directory.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Change {
+    /// `create`, `write`, `remove`, `rename` or `chmod`.
+    #[serde(rename = "type")]
+    pub kind: airlock_protocol::FsEventKind,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+impl Watcher {
+    /// The next change; `None` when the watch ended (an `Err` says why it
+    /// broke, e.g. the directory was removed).
+    pub async fn next(&mut self) -> Option<Result<Change, DaemonError>> {
+        if let Some(change) = self.pending.take() {
+            return Some(Ok(change));
+        }
+        if self.ended {
+            return None;
+        }
+        loop {
+            match self.events.next().await {
+                Ok(Some(frame)) => match frame.msg {
+                    Event::FsEvent { kind, path } => return Some(Ok(Change { kind, path })),
+                    Event::Error { kind, message } => {
+                        self.ended = true;
+                        return Some(Err(DaemonError::from_agent(kind, message)));
+                    }
+                    Event::Done => {
+                        self.ended = true;
+                        return None;
+                    }
+                    _ => continue,
+                },
+                Ok(None) | Err(_) => {
+                    self.ended = true;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let agent = self.agent.clone();
+        let target = self.events.id();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Ok(answer) = agent.request(Request::Cancel { target }).await {
+                    let _ = answer.finish().await;
+                }
+            });
+        }
+    }
+}
+
+impl Daemon {
+    /// Watches directory `path` (and below it with `recursive`). Fails
+    /// before returning if the watch cannot start; once it returns, every
+    /// later change is reported.
+    pub async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<Watcher, DaemonError> {
+        check_path(path)?;
+        let sandbox = self.running(id)?;
+        let agent = sandbox.agent().clone();
+        let mut events = agent
+            .request(Request::Watch {
+                path: path.to_owned(),
+                recursive,
+            })
+            .await
+            .map_err(closed(id))?;
+        // The agent sets the watch up before it reads the next request, so
+        // once the ping is answered the watch is live, or its error is
+        // already waiting.
+        agent
+            .request(Request::Ping)
+            .await
+            .map_err(closed(id))?
+            .finish()
+            .await
+            .map_err(closed(id))?;
+        let mut pending = None;
+        if let Some(first) = futures_util::FutureExt::now_or_never(events.next()) {
+            match first.map_err(closed(id))?.map(|frame| frame.msg) {
+                Some(Event::Error { kind, message }) => {
+                    return Err(DaemonError::from_agent(kind, message))
+                }
+                Some(Event::FsEvent { kind, path }) => pending = Some(Change { kind, path }),
+                Some(_) => {}
+                None => return Err(DaemonError::NotRunning(id.to_owned())),
+            }
+        }
+        Ok(Watcher {
+            pending,
+            events,
+            agent,
+            ended: false,
+        })
+    }
+}

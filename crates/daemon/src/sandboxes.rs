@@ -325,9 +325,6 @@ impl Daemon {
                 from = stopping;
             }
         }
-        if let Ok(Some(dead)) = self.transition(&sandbox.id, from, Action::Exited(reason)) {
-            sandbox.set_state(dead);
-        }
         if reason == DeadReason::Oom {
             self.inner.metrics.oom_kills.inc();
             self.inner.audit.record(
@@ -338,7 +335,7 @@ impl Daemon {
                 json!({"memory_bytes": sandbox.spec.limits.memory_bytes}),
             );
         }
-        self.release(sandbox, reason, None).await;
+        self.release(sandbox, from, reason, None).await;
     }
 
     /// Stops a sandbox for `reason` and waits until everything it held is
@@ -384,25 +381,21 @@ impl Daemon {
         reason: DeadReason,
         request_id: Option<&str>,
     ) {
-        if let Ok(Some(dead)) =
-            self.transition(&sandbox.id, State::Stopping(reason), Action::Exited(reason))
-        {
-            sandbox.set_state(dead);
-        }
-        self.release(sandbox, reason, request_id).await;
+        self.release(sandbox, State::Stopping(reason), reason, request_id)
+            .await;
     }
 
-    /// Releases the host resources of a sandbox that is dead (or being
-    /// recorded dead) and forgets it.
+    /// Releases every host resource of a sandbox, then records it dead
+    /// (from `from`, by `Exited(reason)`) and forgets it. The record says
+    /// dead only once nothing is left; a teardown that fails is counted and
+    /// logged, and the next start's reconciliation retries it.
     async fn release(
         &self,
         sandbox: &Arc<LiveSandbox>,
+        from: State,
         reason: DeadReason,
         request_id: Option<&str>,
     ) {
-        // Teardown first: the row says dead only once this returns, except
-        // for the tiny window the state was written above; a teardown that
-        // fails is counted and logged, and reconcile retries at next start.
         if let Err(e) = self
             .inner
             .backend
@@ -412,7 +405,11 @@ impl Daemon {
             self.inner.metrics.teardown_failures.inc();
             tracing::error!("{e}");
         }
-        sandbox.set_state(State::Dead(reason));
+        let dead = match self.transition(&sandbox.id, from, Action::Exited(reason)) {
+            Ok(Some(dead)) => dead,
+            _ => State::Dead(reason),
+        };
+        sandbox.set_state(dead);
         self.inner
             .live
             .lock()

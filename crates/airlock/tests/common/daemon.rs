@@ -334,9 +334,17 @@ pub fn assert_sandbox_gone(id: &str) {
         supervisors(id).is_empty(),
         "the supervisor of {id} is still running"
     );
-    assert!(
-        !Path::new(&format!("/run/airlock/sockets/{id}.sock")).exists(),
-        "the socket of {id} is left"
-    );
+    let socket = format!("{id}.sock");
+    for dir in std::fs::read_dir("/run/airlock/sockets")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        assert!(
+            !dir.path().join(&socket).exists(),
+            "the socket of {id} is left in {}",
+            dir.path().display()
+        );
+    }
     super::assert_no_leftovers(id);
 }

@@ -55,25 +55,45 @@ struct Supervisor {
 pub struct ProcessBackend {
     /// The `airlock` binary that has the `supervise` command.
     exe: PathBuf,
+    /// Tag of this daemon (hex), on every supervisor's command line and in
+    /// its socket directory, so reconciliation sees only its own.
+    owner: String,
     runtime: RuntimeDir,
     cgroups: Option<CgroupLayout>,
     supervisors: Mutex<HashMap<String, Arc<Supervisor>>>,
 }
 
 impl ProcessBackend {
-    /// A backend that starts supervisors from `exe` and keeps its runtime
-    /// state under the system runtime directory.
-    pub fn new(exe: PathBuf) -> ProcessBackend {
+    /// A backend that starts supervisors from `exe`, tags them with `owner`
+    /// (1 to 32 hex digits, unique per daemon data directory) and keeps its
+    /// runtime state under the system runtime directory.
+    pub fn new(exe: PathBuf, owner: String) -> ProcessBackend {
         ProcessBackend {
             exe,
+            owner,
             runtime: RuntimeDir::system(),
             cgroups: CgroupLayout::detect().ok(),
             supervisors: Mutex::new(HashMap::new()),
         }
     }
 
+    fn sockets(&self) -> PathBuf {
+        self.runtime.sockets().join(&self.owner)
+    }
+
     fn socket_of(&self, id: &str) -> PathBuf {
-        self.runtime.sockets().join(format!("{id}.sock"))
+        self.sockets().join(format!("{id}.sock"))
+    }
+
+    /// Whether `pid` is a supervisor of this daemon.
+    fn is_ours(&self, pid: u32) -> bool {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.contains(&b"supervise".as_slice())
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--owner" && w[1] == self.owner.as_bytes())
+        })
     }
 
     fn supervisor(&self, id: &str) -> Option<Arc<Supervisor>> {
@@ -215,6 +235,7 @@ enum Answer {
 /// Runs `airlock supervise` (blocking: fork, exec, one line back).
 fn start_supervisor(
     exe: &Path,
+    owner: &str,
     id: &str,
     socket: &Path,
     spec_json: &[u8],
@@ -225,6 +246,8 @@ fn start_supervisor(
         .arg(id)
         .arg("--socket")
         .arg(socket)
+        .arg("--owner")
+        .arg(owner)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -320,9 +343,14 @@ impl Backend for ProcessBackend {
         let spec_json = serde_json::to_vec(spec)
             .map_err(|e| CreateError::Failed(format!("cannot encode the spec: {e}")))?;
         let socket = self.socket_of(id);
-        let (exe, owned_id, owned_socket) = (self.exe.clone(), id.to_owned(), socket.clone());
+        let (exe, owner, owned_id, owned_socket) = (
+            self.exe.clone(),
+            self.owner.clone(),
+            id.to_owned(),
+            socket.clone(),
+        );
         let (pid, pidfd) = tokio::task::spawn_blocking(move || {
-            start_supervisor(&exe, &owned_id, &owned_socket, &spec_json)
+            start_supervisor(&exe, &owner, &owned_id, &owned_socket, &spec_json)
         })
         .await
         .map_err(|e| CreateError::Failed(format!("the supervisor start was cancelled: {e}")))??;
@@ -411,7 +439,8 @@ impl Backend for ProcessBackend {
         let mut reconciled = Reconciled::default();
         // Supervisors alive without a record: stop them.
         for record in self.runtime.live_records() {
-            if keep.contains(&record.id) {
+            // Another daemon's sandbox, or an `airlock run`: not ours to stop.
+            if keep.contains(&record.id) || !self.is_ours(record.launcher_pid) {
                 continue;
             }
             let resources = Resources::Process {
@@ -431,7 +460,7 @@ impl Backend for ProcessBackend {
             reconciled.removed.extend(removed);
         }
         // Sockets of sandboxes that are not kept.
-        if let Ok(entries) = std::fs::read_dir(self.runtime.sockets()) {
+        if let Ok(entries) = std::fs::read_dir(self.sockets()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let Some(id) = name.strip_suffix(".sock") else {
@@ -448,20 +477,21 @@ impl Backend for ProcessBackend {
     }
 
     fn leaked(&self, keep: &HashSet<String>) -> usize {
-        let records = self
-            .runtime
-            .live_records()
-            .into_iter()
-            .filter(|r| !keep.contains(&r.id))
+        let live = self.runtime.live_records();
+        // Our supervisors running a sandbox we do not account for.
+        let ours = live
+            .iter()
+            .filter(|r| !keep.contains(&r.id) && self.is_ours(r.launcher_pid))
             .count();
-        let cgroups = self
+        // Cgroups nobody holds a slot for (any launcher's): orphans.
+        let orphans = self
             .cgroups
             .as_ref()
             .map(airlock_jail::cgroup::list_sandbox_cgroups)
             .unwrap_or_default()
             .into_iter()
-            .filter(|id| !keep.contains(id))
+            .filter(|id| !keep.contains(id) && !live.iter().any(|r| &r.id == id))
             .count();
-        records + cgroups
+        ours + orphans
     }
 }
