@@ -143,7 +143,16 @@ impl Daemon {
         request: NewSandboxRequest,
         request_id: &str,
     ) -> Result<Created, DaemonError> {
-        self.check_request(&request.spec)?;
+        if let Err(e) = self.check_request(&request.spec) {
+            self.inner.audit.record(
+                Stream::Security,
+                "sandbox.refused",
+                None,
+                Some(request_id),
+                json!({"key_id": owner.id, "reason": e.to_string()}),
+            );
+            return Err(e);
+        }
         let permit = match self.inner.admission.admit(&owner.id).await {
             Ok(permit) => permit,
             Err(rejected) => {
