@@ -49,9 +49,14 @@ pub(crate) fn kind_of(error: &io::Error) -> ErrorKind {
             libc::EISDIR => ErrorKind::IsADirectory,
             libc::ENOTEMPTY => ErrorKind::DirectoryNotEmpty,
             libc::ENOSPC | libc::EDQUOT | libc::EFBIG => ErrorKind::NoSpace,
-            libc::EINVAL | libc::ENAMETOOLONG | libc::ELOOP | libc::EXDEV | libc::ENXIO => {
-                ErrorKind::InvalidArgument
-            }
+            libc::EINVAL
+            | libc::ENAMETOOLONG
+            | libc::ELOOP
+            | libc::EXDEV
+            | libc::ENXIO
+            | libc::E2BIG => ErrorKind::InvalidArgument,
+            libc::EBUSY | libc::ETXTBSY => ErrorKind::Busy,
+            libc::EPIPE => ErrorKind::Closed,
             _ => ErrorKind::Io,
         };
     }

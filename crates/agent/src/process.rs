@@ -229,7 +229,7 @@ fn spawn_failure(cmd: &str, error: &io::Error) -> Failure {
             ),
         ),
         _ => Failure::new(
-            ErrorKind::Io,
+            crate::failure::kind_of(error),
             format!(
                 "the command {cmd} could not be started: {}",
                 crate::failure::reason(error)
@@ -537,7 +537,7 @@ impl Processes {
                 let waiting = queued.load(Ordering::SeqCst);
                 if waiting.saturating_add(data.len()) > STDIN_QUEUE_BYTES && waiting > 0 {
                     return Err(Failure::new(
-                        ErrorKind::Io,
+                        ErrorKind::Busy,
                         format!(
                             "the stdin of process {pid} already has {waiting} bytes waiting; \
                              wait for their done before sending more"
@@ -811,7 +811,7 @@ async fn feed_stdin(
                 queued.fetch_sub(len, Ordering::SeqCst);
                 let answer = result.map(|()| Event::Done).map_err(|error| {
                     Failure::new(
-                        ErrorKind::Io,
+                        crate::failure::kind_of(&error),
                         format!(
                             "cannot write to the stdin of process {pid}: {}",
                             crate::failure::reason(&error)
@@ -835,7 +835,7 @@ async fn feed_stdin(
         }
         let answer = match op.data {
             Some(_) => Err(Failure::new(
-                ErrorKind::Io,
+                ErrorKind::Closed,
                 format!("cannot write to the stdin of process {pid}: it has exited"),
             )),
             None => Ok(Event::Done),
@@ -862,6 +862,11 @@ mod tests {
         assert_eq!(kind(libc::ENOENT), ErrorKind::NotFound);
         assert_eq!(kind(libc::EACCES), ErrorKind::NotExecutable);
         assert_eq!(kind(libc::ENOEXEC), ErrorKind::NotExecutable);
-        assert_eq!(kind(libc::EPERM), ErrorKind::Io);
+        assert_eq!(kind(libc::EPERM), ErrorKind::PermissionDenied);
+        assert_eq!(kind(libc::ENOTDIR), ErrorKind::NotADirectory);
+        assert_eq!(kind(libc::ENAMETOOLONG), ErrorKind::InvalidArgument);
+        assert_eq!(kind(libc::ELOOP), ErrorKind::InvalidArgument);
+        assert_eq!(kind(libc::E2BIG), ErrorKind::InvalidArgument);
+        assert_eq!(kind(libc::EIO), ErrorKind::Io);
     }
 }

@@ -177,7 +177,7 @@ async fn a_process_that_never_reads_stdin_stalls_nobody() {
     );
     // The stuck write ends with an error once the process is gone.
     match agent.next(stuck).await.msg {
-        Event::Error { kind, .. } => assert_eq!(kind, ErrorKind::Io),
+        Event::Error { kind, .. } => assert_eq!(kind, ErrorKind::Closed),
         other => panic!("{other:?}"),
     }
     let frames = agent.finish(id).await;

@@ -171,7 +171,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         eprintln!("airlock: created an admin API key in {}", path.display());
     }
     let exe = std::env::current_exe().context("cannot find the airlock binary")?;
-    let backend = ProcessBackend::new(exe, instance_tag(&data_dir)?);
+    let tag = instance_tag(&data_dir)?;
+    let backend = ProcessBackend::new(exe, tag.clone());
     backend.probe()?;
     let mut config = Config::new(data_dir.clone());
     config.admission = AdmissionLimits {
@@ -222,6 +223,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_graceful_shutdown(shutdown_signal())
             .await
             .context("the server failed")?;
+        // The socket directory goes when no sandbox uses it any more.
+        let _ = std::fs::remove_dir(
+            airlock_jail::runtime::RuntimeDir::system()
+                .sockets()
+                .join(&tag),
+        );
         tracing::info!("stopped; sandboxes keep running and are adopted at the next start");
         anyhow::Ok(())
     })

@@ -3,7 +3,8 @@
 //! recorded dead with reason `daemon_restart`; what runs or lingers on the
 //! host without a record is removed when a daemon starts.
 //!
-//! A starting daemon stops *every* unrecorded supervisor on the machine, so
+//! A starting daemon stops the unrecorded supervisors tagged with its
+//! instance and sweeps orphan cgroups and slot records of any launcher, so
 //! the tests of this file run one at a time (see [`serial`]).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,7 +22,7 @@ use std::time::Duration;
 const SANDBOXES: usize = 20;
 const MARKER: &str = "/home/user/crash-marker";
 
-/// Daemon starts reconcile the whole host: one test at a time.
+/// Daemon starts sweep host-wide leftovers: one test at a time.
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
@@ -453,6 +454,7 @@ fn unrecorded_supervisors_and_leftovers_are_removed_when_a_daemon_starts() {
         stop(supervisor);
     }
     stop(foreign_supervisor);
+    let _ = std::fs::remove_dir("/run/airlock/sockets/0123456789abcdef");
     assert!(
         stopped,
         "the unrecorded supervisor of {stray} still runs after a daemon start"

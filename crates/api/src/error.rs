@@ -14,8 +14,8 @@ use utoipa::ToSchema;
 pub struct ErrorBody {
     /// Stable, machine-readable: `bad_request`, `unauthorized`, `not_found`,
     /// `method_not_allowed`, `conflict`, `forbidden`, `payload_too_large`,
-    /// `too_many_requests`, `sandbox_not_running`, `insufficient_storage`,
-    /// `unavailable`, `internal`.
+    /// `too_many_requests`, `sandbox_not_running`, `sandbox_io_error`,
+    /// `insufficient_storage`, `unavailable`, `internal`.
     pub code: &'static str,
     /// A sentence for people.
     pub message: String,
@@ -87,6 +87,11 @@ impl From<DaemonError> for ApiError {
             DaemonError::TooLarge(_) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }
+            DaemonError::InSandbox(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "sandbox_io_error",
+                message,
+            ),
             DaemonError::NoSpace(_) => ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",

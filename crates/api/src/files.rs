@@ -249,6 +249,7 @@ pub async fn move_path(
 #[serde(deny_unknown_fields)]
 pub struct WatchParams {
     /// Absolute path of a directory inside the sandbox.
+    #[param(pattern = "^/")]
     pub path: String,
     /// Watch subdirectories too, including ones created later.
     #[serde(default)]

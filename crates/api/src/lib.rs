@@ -163,7 +163,50 @@ pub fn router(daemon: Daemon) -> Router {
             api.clone(),
             authenticate,
         ))
+        .layer(axum::middleware::from_fn(read_whole_body))
         .layer(axum::middleware::from_fn_with_state(api, observe))
+}
+
+/// Whether the request streams its body to the handler (uploads).
+fn is_streamed_upload(request: &Request) -> bool {
+    request.method() == axum::http::Method::PUT && request.uri().path().ends_with("/files")
+}
+
+/// Reads every request body (but uploads) whole, up to 1 MiB, before
+/// anything answers. An answer sent while a body is still unread makes the
+/// server drop the connection after it, which a client that reuses
+/// connections sees as a broken request; reading first keeps every answer
+/// on a healthy connection. A larger body answers 413 and closes the
+/// connection (saying so), as does any error answer to an upload.
+async fn read_whole_body(request: Request, next: Next) -> Response {
+    if is_streamed_upload(&request) {
+        let mut response = next.run(request).await;
+        if response.status().is_client_error() || response.status().is_server_error() {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return response;
+    }
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+        Err(_) => {
+            let mut response = error::ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the body is larger than 1 MiB",
+            )
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
 }
 
 /// Routes that need no credentials.

@@ -450,6 +450,7 @@ impl SignalValue {
 #[serde(deny_unknown_fields)]
 pub struct PathParams {
     /// Absolute path inside the sandbox.
+    #[param(pattern = "^/")]
     pub path: String,
 }
 
@@ -459,6 +460,7 @@ pub struct PathParams {
 #[serde(deny_unknown_fields)]
 pub struct WriteParams {
     /// Absolute path inside the sandbox.
+    #[param(pattern = "^/")]
     pub path: String,
     /// Octal permission bits, e.g. `644`.
     pub mode: Option<String>,
@@ -471,6 +473,7 @@ pub struct WriteParams {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct RemoveParams {
+    #[param(pattern = "^/")]
     pub path: String,
     /// Remove a directory with everything in it.
     #[serde(default)]
@@ -482,6 +485,7 @@ pub struct RemoveParams {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListDirParams {
+    #[param(pattern = "^/")]
     pub path: String,
     /// Levels to descend, 1 to 32 (default 1).
     pub depth: Option<u32>,
@@ -540,6 +544,7 @@ pub struct Written {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MakeDirBody {
+    #[schema(pattern = "^/")]
     pub path: String,
     /// Create missing parents too (and succeed if it exists).
     #[serde(default)]

@@ -70,14 +70,22 @@ async fn every_documented_operation_is_routed() {
     let served: serde_json::Value = {
         let response = router
             .clone()
-            .oneshot(Request::get("/v1/openapi.json").body(Body::empty()).unwrap())
+            .oneshot(
+                Request::get("/v1/openapi.json")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap()
     };
     let paths = served["paths"].as_object().unwrap();
-    assert!(paths.len() >= 15, "the served document lists the routes: {}", paths.len());
+    assert!(
+        paths.len() >= 15,
+        "the served document lists the routes: {}",
+        paths.len()
+    );
     assert_eq!(document["info"], served["info"]);
     let mut operations = 0;
     for (path, item) in paths {
@@ -118,8 +126,18 @@ async fn unknown_routes_and_methods_answer_json() {
     let router = airlock_api::router(daemon);
     for (method, uri, status, code) in [
         ("GET", "/v2/nothing", StatusCode::NOT_FOUND, "not_found"),
-        ("PATCH", "/v1/sandboxes", StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
-        ("PUT", "/healthz", StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        (
+            "PATCH",
+            "/v1/sandboxes",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            "PUT",
+            "/healthz",
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
     ] {
         let request = Request::builder()
             .method(method)
@@ -129,10 +147,9 @@ async fn unknown_routes_and_methods_answer_json() {
             .unwrap();
         let response = router.clone().oneshot(request).await.unwrap();
         assert_eq!(response.status(), status, "{method} {uri}");
-        let body: serde_json::Value = serde_json::from_slice(
-            &response.into_body().collect().await.unwrap().to_bytes(),
-        )
-        .unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes())
+                .unwrap();
         assert_eq!(body["code"], code, "{method} {uri}");
     }
 }

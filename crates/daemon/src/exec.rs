@@ -301,7 +301,7 @@ fn exit_info(status: &ExitStatus, requested_at: Instant, oom_check: impl Fn() ->
 pub fn error_code(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::NotFound => "not_found",
-        ErrorKind::AlreadyExists => "conflict",
+        ErrorKind::AlreadyExists | ErrorKind::Busy | ErrorKind::Closed => "conflict",
         ErrorKind::PermissionDenied => "forbidden",
         ErrorKind::InvalidArgument
         | ErrorKind::NotADirectory
@@ -309,6 +309,7 @@ pub fn error_code(kind: ErrorKind) -> &'static str {
         | ErrorKind::DirectoryNotEmpty
         | ErrorKind::NotExecutable => "bad_request",
         ErrorKind::NoSpace => "insufficient_storage",
-        ErrorKind::UnsupportedVersion | ErrorKind::Io => "internal",
+        ErrorKind::Io => "sandbox_io_error",
+        ErrorKind::UnsupportedVersion => "internal",
     }
 }

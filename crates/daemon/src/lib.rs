@@ -129,6 +129,10 @@ pub enum DaemonError {
     /// The sandbox's disk is full (507).
     #[error("{0}")]
     NoSpace(String),
+    /// The sandbox's own system failed the operation (an I/O error inside
+    /// it, not the daemon's fault) (422).
+    #[error("{0}")]
+    InSandbox(String),
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
@@ -142,7 +146,9 @@ impl DaemonError {
     pub fn from_agent(kind: ErrorKind, message: String) -> DaemonError {
         match kind {
             ErrorKind::NotFound => DaemonError::NotFound(message),
-            ErrorKind::AlreadyExists => DaemonError::Conflict(message),
+            ErrorKind::AlreadyExists | ErrorKind::Busy | ErrorKind::Closed => {
+                DaemonError::Conflict(message)
+            }
             ErrorKind::PermissionDenied => DaemonError::Forbidden(message),
             ErrorKind::InvalidArgument
             | ErrorKind::NotADirectory
@@ -150,7 +156,8 @@ impl DaemonError {
             | ErrorKind::DirectoryNotEmpty
             | ErrorKind::NotExecutable => DaemonError::BadInput(message),
             ErrorKind::NoSpace => DaemonError::NoSpace(message),
-            ErrorKind::UnsupportedVersion | ErrorKind::Io => DaemonError::Internal(message),
+            ErrorKind::Io => DaemonError::InSandbox(message),
+            ErrorKind::UnsupportedVersion => DaemonError::Internal(message),
         }
     }
 }

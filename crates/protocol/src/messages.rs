@@ -322,5 +322,10 @@ pub enum ErrorKind {
     UnsupportedVersion,
     /// The program could not be executed (not executable, bad format).
     NotExecutable,
+    /// The target is busy or its queue is full (EBUSY, a full stdin queue);
+    /// retrying later may work.
+    Busy,
+    /// The other end is closed (a process closed its stdin or exited).
+    Closed,
     Io,
 }
