@@ -159,3 +159,17 @@ pub async fn wrong_method() -> ApiError {
         "this route does not take that method",
     )
 }
+
+/// The JSON body, or the error answer for it.
+pub fn json_body<T>(
+    body: std::result::Result<axum::Json<T>, JsonRejection>,
+) -> std::result::Result<T, ApiError> {
+    body.map(|axum::Json(t)| t).map_err(ApiError::from)
+}
+
+/// The query parameters, or the error answer for them.
+pub fn query<T>(
+    q: std::result::Result<axum::extract::Query<T>, QueryRejection>,
+) -> std::result::Result<T, ApiError> {
+    q.map(|axum::extract::Query(t)| t).map_err(ApiError::from)
+}

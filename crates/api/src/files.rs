@@ -2,7 +2,7 @@
 //! inside the sandbox, never on the host.
 
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{json_body, query, ApiError, ErrorBody};
 use crate::types::*;
 use crate::{Api, RequestId};
 use axum::body::Body;
@@ -15,14 +15,6 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 type Result<T> = std::result::Result<T, ApiError>;
-
-fn json_body<T>(body: std::result::Result<Json<T>, JsonRejection>) -> Result<T> {
-    body.map(|Json(t)| t).map_err(ApiError::from)
-}
-
-fn query<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
-    q.map(|Query(t)| t).map_err(ApiError::from)
-}
 
 /// Downloads a file.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",

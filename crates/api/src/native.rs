@@ -2,7 +2,7 @@
 //! request into one daemon call and the answer into JSON or a stream.
 
 use crate::auth::Caller;
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{json_body, query, ApiError, ErrorBody};
 use crate::types::*;
 use crate::{Api, RequestId};
 use airlock_core::DeadReason;
@@ -25,14 +25,6 @@ use std::time::Duration;
 type Result<T> = std::result::Result<T, ApiError>;
 
 const NDJSON: &str = "application/x-ndjson";
-
-fn json_body<T>(body: std::result::Result<Json<T>, JsonRejection>) -> Result<T> {
-    body.map(|Json(t)| t).map_err(ApiError::from)
-}
-
-fn query<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
-    q.map(|Query(t)| t).map_err(ApiError::from)
-}
 
 /// Creates a sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",

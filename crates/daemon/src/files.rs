@@ -122,31 +122,25 @@ impl Daemon {
             })
             .await
             .map_err(closed(id))?;
+        // The first event decides the answer: data, an empty file, or an error.
+        let first = match events
+            .next()
+            .await
+            .map_err(closed(id))?
+            .map(|f| (f.msg, f.payload))
+        {
+            Some((Event::FileData, payload)) => Some(payload),
+            Some((Event::FileEnd { .. }, _)) => None,
+            Some((Event::Error { kind, message }, _)) => {
+                return Err(DaemonError::from_agent(kind, message))
+            }
+            Some((other, _)) => return Err(unexpected(&other)),
+            None => return Err(DaemonError::NotRunning(id.to_owned())),
+        };
+        let empty = first.is_none();
         let mut reader = FileReader {
-            first: None,
-            events: match events.next().await.map_err(closed(id))? {
-                Some(frame) => match frame.msg {
-                    Event::FileData => {
-                        let rest = events;
-                        return Ok(FileReader {
-                            first: Some(frame.payload),
-                            events: rest,
-                            daemon: self.clone(),
-                            sandbox_id: id.to_owned(),
-                            path: path.to_owned(),
-                            request_id: request_id.to_owned(),
-                            bytes: 0,
-                            done: false,
-                        });
-                    }
-                    Event::FileEnd { .. } => events,
-                    Event::Error { kind, message } => {
-                        return Err(DaemonError::from_agent(kind, message))
-                    }
-                    other => return Err(unexpected(&other)),
-                },
-                None => return Err(DaemonError::NotRunning(id.to_owned())),
-            },
+            first,
+            events,
             daemon: self.clone(),
             sandbox_id: id.to_owned(),
             path: path.to_owned(),
@@ -154,8 +148,9 @@ impl Daemon {
             bytes: 0,
             done: false,
         };
-        // An empty file: the end came first.
-        reader.finish();
+        if empty {
+            reader.finish();
+        }
         Ok(reader)
     }
 

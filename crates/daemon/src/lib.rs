@@ -200,6 +200,28 @@ pub struct LiveSandbox {
 }
 
 impl LiveSandbox {
+    fn new(
+        id: String,
+        owner: String,
+        spec: SandboxSpec,
+        instance: airlock_backend::Instance,
+        state: State,
+        lease: Option<LiveLease>,
+    ) -> (Arc<LiveSandbox>, airlock_backend::Ended) {
+        let sandbox = Arc::new(LiveSandbox {
+            id,
+            owner,
+            spec,
+            agent: instance.agent,
+            resources: instance.resources,
+            state: Mutex::new(state),
+            lease: Mutex::new(lease),
+            processes: Mutex::new(ProcessTable::default()),
+            teardown: tokio::sync::Mutex::new(()),
+        });
+        (sandbox, instance.ended)
+    }
+
     /// The current state.
     pub fn state(&self) -> State {
         *self.state.lock().unwrap_or_else(|p| p.into_inner())

@@ -17,14 +17,14 @@
 //!    (supervisors, cgroups, slot records, sockets) is removed.
 
 use crate::sandboxes::state_of;
-use crate::{Daemon, LiveSandbox, ProcessTable};
+use crate::{Daemon, LiveSandbox};
 use airlock_backend::Resources;
 use airlock_core::{Action, DeadReason, State};
 use airlock_store::Stream;
 use serde::Serialize;
 use serde_json::json;
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// What reconciliation did.
 #[derive(Debug, Default, Clone, Serialize)]
@@ -63,23 +63,21 @@ impl Daemon {
                 (state, resources.as_ref(), spec)
             {
                 if let Ok(instance) = self.inner.backend.adopt(&row.id, resources).await {
-                    let sandbox = Arc::new(LiveSandbox {
-                        id: row.id.clone(),
-                        owner: row.owner_key_id.clone(),
+                    let lease = self.inner.admission.adopt(&row.owner_key_id);
+                    let (sandbox, ended) = LiveSandbox::new(
+                        row.id.clone(),
+                        row.owner_key_id.clone(),
                         spec,
-                        agent: instance.agent,
-                        resources: instance.resources,
-                        state: Mutex::new(state),
-                        lease: Mutex::new(Some(self.inner.admission.adopt(&row.owner_key_id))),
-                        processes: Mutex::new(ProcessTable::default()),
-                        teardown: tokio::sync::Mutex::new(()),
-                    });
+                        instance,
+                        state,
+                        Some(lease),
+                    );
                     self.inner
                         .live
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(row.id.clone(), Arc::clone(&sandbox));
-                    self.watch_for_death(&sandbox, instance.ended);
+                    self.watch_for_death(&sandbox, ended);
                     keep.insert(row.id.clone());
                     self.inner.audit.record(
                         Stream::Runtime,

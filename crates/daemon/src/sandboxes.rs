@@ -6,14 +6,14 @@
 //! lock, so they run one after the other and the second finds it dead.
 
 use crate::audit::now_ms;
-use crate::{not_found, Daemon, DaemonError, LiveSandbox, ProcessTable};
+use crate::{not_found, Daemon, DaemonError, LiveSandbox};
 use airlock_backend::{CreateError, Ending, Resources};
 use airlock_core::{next, Action, DeadReason, State};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_store::{KeyRow, ListQuery, NewSandbox, Page, SandboxRow, Stream};
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the reaper looks for expired sandboxes.
@@ -240,17 +240,14 @@ impl Daemon {
             s.set_resources(&id, resources_json.as_deref())
                 .and_then(|()| s.set_supervisor(&id, supervisor))
         })?;
-        let sandbox = Arc::new(LiveSandbox {
-            id: id.clone(),
-            owner: owner.id.clone(),
+        let (sandbox, ended) = LiveSandbox::new(
+            id.clone(),
+            owner.id.clone(),
             spec,
-            agent: instance.agent,
-            resources: instance.resources,
-            state: Mutex::new(State::Creating),
-            lease: Mutex::new(None),
-            processes: Mutex::new(ProcessTable::default()),
-            teardown: tokio::sync::Mutex::new(()),
-        });
+            instance,
+            State::Creating,
+            None,
+        );
         self.inner
             .live
             .lock()
@@ -258,7 +255,7 @@ impl Daemon {
             .insert(id.clone(), Arc::clone(&sandbox));
         forget_creating();
         *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
-        self.watch_for_death(&sandbox, instance.ended);
+        self.watch_for_death(&sandbox, ended);
 
         match self.transition(&id, State::Creating, Action::Started)? {
             Some(state) => sandbox.set_state(state),
