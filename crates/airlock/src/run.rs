@@ -8,8 +8,7 @@ use airlock_policy::{
     Template,
 };
 use airlock_protocol::{
-    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, Request,
-    SpawnRequest, PROTOCOL_VERSION,
+    AgentClient, Event, ExitStatus, Identity, ProcessLimits, Request, SpawnRequest,
 };
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -19,7 +18,6 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
 
 /// Options of `airlock run`. Defaults are the safe ones of the sandbox spec.
 #[derive(Args)]
@@ -269,8 +267,6 @@ struct Outcome {
     stderr: Vec<u8>,
 }
 
-const SPAWN_ID: u64 = 2;
-
 async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<Outcome, String> {
     let channel = jail.take_channel().ok_or("the agent channel is gone")?;
     channel
@@ -278,35 +274,11 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
         .map_err(|e| format!("cannot use the agent channel: {e}"))?;
     let stream = tokio::net::UnixStream::from_std(channel)
         .map_err(|e| format!("cannot use the agent channel: {e}"))?;
-    let (mut reader, mut writer) = stream.into_split();
-
-    let (tx, mut rx) = mpsc::channel::<Frame<Request>>(16);
-    let writer_task = tokio::spawn(async move {
-        while let Some(frame) = rx.recv().await {
-            if write_frame(&mut writer, &frame).await.is_err() {
-                break;
-            }
-        }
-    });
-    let send = |frame: Frame<Request>| {
-        let tx = tx.clone();
-        async move {
-            tx.send(frame)
-                .await
-                .map_err(|_| "the agent channel closed".to_string())
-        }
-    };
-
-    send(Frame::new(
-        1,
-        Request::Hello {
-            version: PROTOCOL_VERSION,
-        },
-    ))
-    .await?;
-    send(Frame::new(
-        SPAWN_ID,
-        Request::Spawn(SpawnRequest {
+    let agent = AgentClient::connect(stream, 1)
+        .await
+        .map_err(|e| format!("the agent refused the session: {e}"))?;
+    let mut events = agent
+        .request(Request::Spawn(SpawnRequest {
             cmd: args.command[0].clone(),
             args: args.command[1..].to_vec(),
             env: spec.process_env(spec.user),
@@ -325,9 +297,9 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
                 // file written to a read-write host mount.
                 fsize_bytes: spec.limits.disk_bytes + 4096,
             },
-        }),
-    ))
-    .await?;
+        }))
+        .await
+        .map_err(|e| format!("cannot start the command: {e}"))?;
 
     let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms));
     tokio::pin!(deadline);
@@ -338,28 +310,26 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
     let mut timed_out = false;
     let status = loop {
         tokio::select! {
-            frame = read_frame::<_, Event>(&mut reader) => {
-                let frame = match frame {
-                    Ok(frame) => frame,
+            event = events.next() => {
+                let frame = match event {
+                    Ok(Some(frame)) => frame,
                     // The agent died: the sandbox was killed (timeout, OOM of
                     // the agent, or from outside).
-                    Err(_) => break killed_status(pid.unwrap_or(0), timed_out),
+                    Ok(None) | Err(_) => break killed_status(pid.unwrap_or(0), timed_out),
                 };
-                match (frame.id, frame.msg) {
-                    (1, Event::Hello { .. }) => {}
-                    (1, Event::Error { message, .. }) => return Err(format!("the agent refused the session: {message}")),
-                    (SPAWN_ID, Event::Started { pid: started }) => {
+                match frame.msg {
+                    Event::Started { pid: started } => {
                         pid = Some(started);
                         if stdin_is_dev_null() {
-                            let _ = tx.try_send(Frame::new(4, Request::CloseStdin { pid: started }));
+                            let _ = agent.request(Request::CloseStdin { pid: started }).await;
                         } else {
-                            tokio::spawn(forward_stdin(tx.clone(), started));
+                            tokio::spawn(forward_stdin(agent.clone(), started));
                         }
                     }
-                    (SPAWN_ID, Event::Stdout) => emit(args.json, &mut stdout, &frame.payload, &mut std::io::stdout()),
-                    (SPAWN_ID, Event::Stderr) => emit(args.json, &mut stderr, &frame.payload, &mut std::io::stderr()),
-                    (SPAWN_ID, Event::Exited(status)) => break status,
-                    (SPAWN_ID, Event::Error { kind, message }) => {
+                    Event::Stdout => emit(args.json, &mut stdout, &frame.payload, &mut std::io::stdout()),
+                    Event::Stderr => emit(args.json, &mut stderr, &frame.payload, &mut std::io::stderr()),
+                    Event::Exited(status) => break status,
+                    Event::Error { kind, message } => {
                         let code = match kind {
                             airlock_protocol::ErrorKind::NotFound => 127,
                             airlock_protocol::ErrorKind::NotExecutable | airlock_protocol::ErrorKind::PermissionDenied => 126,
@@ -377,15 +347,13 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
             }
             Some(signal) = signals.next() => {
                 if let Some(pid) = pid {
-                    let _ = tx.try_send(Frame::new(10, Request::Signal { pid, signal }));
+                    let _ = agent.request(Request::Signal { pid, signal }).await;
                 } else {
                     jail.kill();
                 }
             }
         }
     };
-    drop(tx);
-    writer_task.abort();
     let _ = std::io::stdout().flush();
     Ok(Outcome {
         status,
@@ -428,29 +396,32 @@ fn stdin_is_dev_null() -> bool {
     (stdin.st_mode & libc::S_IFMT) == libc::S_IFCHR && stdin.st_rdev == null.rdev()
 }
 
-/// Copies our stdin to the process; closes its stdin at our EOF.
-async fn forward_stdin(tx: mpsc::Sender<Frame<Request>>, pid: u32) {
+/// Copies our stdin to the process; closes its stdin at our EOF. Each chunk
+/// waits for the agent's `done`, so a fast producer is slowed to the pace the
+/// command reads at instead of overflowing the agent's queue.
+async fn forward_stdin(agent: AgentClient, pid: u32) {
     let mut stdin = tokio::io::stdin();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
         match stdin.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if tx
-                    .send(Frame::with_payload(
-                        3,
-                        Request::WriteStdin { pid },
-                        buffer[..n].to_vec(),
-                    ))
+                let written = match agent
+                    .request_with_payload(Request::WriteStdin { pid }, buffer[..n].to_vec())
                     .await
-                    .is_err()
                 {
-                    return;
+                    Ok(events) => events.finish().await,
+                    Err(e) => Err(e),
+                };
+                if !matches!(written, Ok(Event::Done)) {
+                    return; // the command closed its stdin or ended
                 }
             }
         }
     }
-    let _ = tx.send(Frame::new(4, Request::CloseStdin { pid })).await;
+    if let Ok(events) = agent.request(Request::CloseStdin { pid }).await {
+        let _ = events.finish().await;
+    }
 }
 
 /// SIGINT, SIGTERM and SIGHUP of the CLI, forwarded to the command.

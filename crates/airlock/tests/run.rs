@@ -69,6 +69,22 @@ fn stdin_is_passed_through() {
 }
 
 #[test]
+fn stdin_larger_than_the_agent_queue_reaches_a_slow_reader_whole() {
+    // 40 MB into a command that starts reading only after a pause: the CLI
+    // must wait for the agent's `done` per chunk, not overflow its 16 MiB
+    // queue.
+    let data = vec![b'x'; 40_000_000];
+    let out = run_with_stdin(&["--", "/bin/sh", "-c", "sleep 0.3; wc -c"], Some(&data));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "40000000");
+}
+
+#[test]
 fn large_output_streams_completely() {
     let out = run(&[
         "--",
