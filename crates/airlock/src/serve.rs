@@ -207,6 +207,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "reconciled recorded sandboxes with the host"
         );
         tokio::spawn(daemon.clone().run_reaper());
+        daemon.warm();
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -219,10 +220,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "airlock: serving on http://{local} (data in {})",
             data_dir.display()
         );
-        axum::serve(listener, airlock_api::router(daemon))
+        axum::serve(listener, airlock_api::router(daemon.clone()))
             .with_graceful_shutdown(shutdown_signal())
             .await
             .context("the server failed")?;
+        daemon.shutdown();
         // The socket directory goes when no sandbox uses it any more.
         let _ = std::fs::remove_dir(
             airlock_jail::runtime::RuntimeDir::system()

@@ -80,6 +80,13 @@ fn fail(message: String, bad_input: bool) -> ExitCode {
 }
 
 pub fn main(args: SuperviseArgs) -> ExitCode {
+    // Everything that does not need the spec first: a supervisor may be
+    // started ahead of need and wait here for its spec.
+    let runtime_dir = RuntimeDir::system();
+    let prepared = match Jail::prepare(&runtime_dir) {
+        Ok(prepared) => prepared,
+        Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
+    };
     let mut text = String::new();
     if let Err(e) = std::io::stdin()
         .take(MAX_SPEC_BYTES)
@@ -95,8 +102,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // daemon (a terminal's ^C, a service manager stopping it) must not take
     // its sandboxes down.
     let _ = rustix::process::setsid();
-    let runtime_dir = RuntimeDir::system();
-    let mut jail = match Jail::launch_named(&spec, &runtime_dir, args.id.clone()) {
+    let mut jail = match Jail::launch_prepared(prepared, &spec, &runtime_dir, args.id.clone()) {
         Ok(jail) => jail,
         Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
     };

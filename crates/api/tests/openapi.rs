@@ -29,6 +29,10 @@ impl Backend for NoTier {
     fn probe(&self) -> Result<(), Unavailable> {
         Ok(())
     }
+    fn reserve_id(&self) -> String {
+        "sbx-1".into()
+    }
+    fn unreserve(&self, _: &str) {}
     async fn create(&self, _: &str, _: &SandboxSpec) -> Result<Instance, CreateError> {
         Err(CreateError::BadInput("this test tier runs nothing".into()))
     }

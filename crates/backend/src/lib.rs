@@ -139,6 +139,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether the tier can run on this machine, and why not.
     fn probe(&self) -> Result<(), Unavailable>;
 
+    /// A fresh sandbox id for the next `create`. A backend may have
+    /// prepared work for that id ahead (a started supervisor); the daemon
+    /// records the sandbox under it, then calls `create` with it, or
+    /// `unreserve` if it will not.
+    fn reserve_id(&self) -> String;
+
+    /// Gives back an id from `reserve_id` that will not be created.
+    fn unreserve(&self, id: &str);
+
+    /// Prepares ahead what the next `create` can use (called once serving
+    /// starts).
+    fn warm(&self) {}
+
+    /// Releases what was prepared ahead (at daemon shutdown). Sandboxes keep
+    /// running.
+    fn shutdown(&self) {}
+
     /// Starts a sandbox named `id` for `spec` and connects to its agent.
     async fn create(&self, id: &str, spec: &SandboxSpec) -> Result<Instance, CreateError>;
 

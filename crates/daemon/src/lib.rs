@@ -290,6 +290,17 @@ impl Daemon {
         })
     }
 
+    /// Lets the backend prepare ahead for the first create.
+    pub fn warm(&self) {
+        self.inner.backend.warm();
+    }
+
+    /// Releases what was prepared ahead; sandboxes keep running.
+    pub fn shutdown(&self) {
+        self.inner.admission.close();
+        self.inner.backend.shutdown();
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.inner.config

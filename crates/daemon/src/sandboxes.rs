@@ -168,8 +168,14 @@ impl Daemon {
             }
         };
         let started = Instant::now();
-        let id = airlock_store::new_sandbox_id()?;
-        let access_token = airlock_store::new_secret("at_")?;
+        let id = self.inner.backend.reserve_id();
+        let access_token = match airlock_store::new_secret("at_") {
+            Ok(token) => token,
+            Err(e) => {
+                self.inner.backend.unreserve(&id);
+                return Err(e.into());
+            }
+        };
         let now = now_ms();
         let spec = request.spec;
         let spec_json = serde_json::to_string(&spec)
@@ -178,7 +184,7 @@ impl Daemon {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_else(|| "process".into());
-        self.with_store(|s| {
+        let inserted = self.with_store(|s| {
             s.insert_sandbox(&NewSandbox {
                 id: id.clone(),
                 tier: tier.clone(),
@@ -191,7 +197,11 @@ impl Daemon {
                 expires_at: now.saturating_add(spec.timeout_ms as i64),
                 resources_json: None,
             })
-        })?;
+        });
+        if let Err(e) = inserted {
+            self.inner.backend.unreserve(&id);
+            return Err(e.into());
+        }
         self.inner
             .creating
             .lock()

@@ -77,6 +77,13 @@ impl LaunchError {
     }
 }
 
+/// What [`Jail::prepare`] gathered; used by one launch.
+pub struct Prepared {
+    layout: CgroupLayout,
+    host: HostFacts,
+    seccomp: seccompiler::BpfProgram,
+}
+
 /// A running sandbox of the process tier, seen from the host.
 #[derive(Debug)]
 pub struct Jail {
@@ -125,6 +132,35 @@ impl Jail {
         runtime: &RuntimeDir,
         id: String,
     ) -> Result<Jail, LaunchError> {
+        let prepared = Jail::prepare(runtime)?;
+        Jail::launch_prepared(prepared, spec, runtime, id)
+    }
+
+    /// The part of a launch that does not depend on the spec: checks,
+    /// the cgroup layout, the runtime directory (and its sweep), facts of
+    /// the host, the compiled seccomp filter. A supervisor started ahead of
+    /// need does this while it waits for its spec.
+    pub fn prepare(runtime: &RuntimeDir) -> Result<Prepared, LaunchError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::NotRoot);
+        }
+        let layout = CgroupLayout::detect()?;
+        runtime.prepare()?;
+        runtime.sweep(Some(&layout));
+        Ok(Prepared {
+            layout,
+            host: HostFacts::gather(),
+            seccomp: seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?,
+        })
+    }
+
+    /// [`Jail::launch_named`] from the work [`Jail::prepare`] did.
+    pub fn launch_prepared(
+        prepared: Prepared,
+        spec: &SandboxSpec,
+        runtime: &RuntimeDir,
+        id: String,
+    ) -> Result<Jail, LaunchError> {
         if !is_sandbox_id(&id) {
             return Err(LaunchError::BadId(id));
         }
@@ -142,18 +178,15 @@ impl Jail {
                 return Err(LaunchError::MountSourceMissing(mount.source.clone()));
             }
         }
-        if !rustix::process::geteuid().is_root() {
-            return Err(LaunchError::NotRoot);
-        }
         if !single_threaded() {
             return Err(LaunchError::NotSingleThreaded);
         }
-        let layout = CgroupLayout::detect()?;
-        runtime.prepare()?;
-        runtime.sweep(Some(&layout));
-
-        let rootfs = rootfs::plan(spec, &HostFacts::gather(), &id);
-        let program = seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?;
+        let Prepared {
+            layout,
+            host,
+            seccomp: program,
+        } = prepared;
+        let rootfs = rootfs::plan(spec, &host, &id);
 
         let mut slot = runtime.acquire_slot()?;
         slot.record(&SlotRecord {

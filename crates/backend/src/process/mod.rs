@@ -61,6 +61,10 @@ pub struct ProcessBackend {
     runtime: RuntimeDir,
     cgroups: Option<CgroupLayout>,
     supervisors: Mutex<HashMap<String, Arc<Supervisor>>>,
+    /// The next supervisor, started ahead so a create skips its exec.
+    spare: Arc<Mutex<Option<Spare>>>,
+    /// Spares handed out by `reserve_id`, waiting for their `create`.
+    reserved: Mutex<HashMap<String, Spare>>,
 }
 
 impl ProcessBackend {
@@ -74,7 +78,38 @@ impl ProcessBackend {
             runtime: RuntimeDir::system(),
             cgroups: CgroupLayout::detect().ok(),
             supervisors: Mutex::new(HashMap::new()),
+            spare: Arc::new(Mutex::new(None)),
+            reserved: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Starts the next spare supervisor in the background, if none waits.
+    fn refill(&self) {
+        let (exe, owner, spare) = (
+            self.exe.clone(),
+            self.owner.clone(),
+            Arc::clone(&self.spare),
+        );
+        let id = airlock_jail::launch::new_sandbox_id();
+        let socket = self.socket_of(&id);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn_blocking(move || {
+            let mut slot = spare.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                if let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket) {
+                    *slot = Some(Spare { id, child });
+                }
+            }
+        });
+    }
+
+    /// Stops a spare that will not be used (its stdin closes: it exits).
+    fn discard(mut spare: Spare) {
+        drop(spare.child.stdin.take());
+        let _ = spare.child.kill();
+        let _ = spare.child.wait();
     }
 
     fn sockets(&self) -> PathBuf {
@@ -232,15 +267,22 @@ enum Answer {
     Error { message: String, bad_input: bool },
 }
 
-/// Runs `airlock supervise` (blocking: fork, exec, one line back).
-fn start_supervisor(
+/// A supervisor started ahead of need: exec'd, its id chosen, waiting for
+/// a spec on stdin. If the daemon goes away, its stdin closes and it exits
+/// without having created anything.
+struct Spare {
+    id: String,
+    child: std::process::Child,
+}
+
+/// Starts `airlock supervise` for sandbox `id`; it waits for its spec.
+fn spawn_supervisor(
     exe: &Path,
     owner: &str,
     id: &str,
     socket: &Path,
-    spec_json: &[u8],
-) -> Result<(u32, OwnedFd), CreateError> {
-    let mut child = Command::new(exe)
+) -> Result<std::process::Child, CreateError> {
+    Command::new(exe)
         .arg("supervise")
         .arg("--id")
         .arg(id)
@@ -252,7 +294,15 @@ fn start_supervisor(
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| CreateError::Failed(format!("cannot start the supervisor: {e}")))?;
+        .map_err(|e| CreateError::Failed(format!("cannot start the supervisor: {e}")))
+}
+
+/// Hands a started supervisor its spec and waits for its one-line answer
+/// (blocking).
+fn launch_with(
+    mut child: std::process::Child,
+    spec_json: &[u8],
+) -> Result<(u32, OwnedFd), CreateError> {
     let pid = child.id();
     let pidfd = Pid::from_raw(pid as i32)
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
@@ -339,10 +389,63 @@ impl Backend for ProcessBackend {
         Ok(())
     }
 
+    fn reserve_id(&self) -> String {
+        let spare = self.spare.try_lock().ok().and_then(|mut slot| slot.take());
+        match spare {
+            Some(spare) => {
+                let id = spare.id.clone();
+                self.reserved
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.clone(), spare);
+                self.refill();
+                id
+            }
+            None => {
+                self.refill();
+                airlock_jail::launch::new_sandbox_id()
+            }
+        }
+    }
+
+    fn unreserve(&self, id: &str) {
+        let spare = self
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Some(spare) = spare {
+            ProcessBackend::discard(spare);
+        }
+    }
+
+    fn warm(&self) {
+        self.refill();
+    }
+
+    fn shutdown(&self) {
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let reserved: Vec<Spare> = self
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, spare)| spare)
+            .collect();
+        for spare in spare.into_iter().chain(reserved) {
+            ProcessBackend::discard(spare);
+        }
+    }
+
     async fn create(&self, id: &str, spec: &SandboxSpec) -> Result<Instance, CreateError> {
         let spec_json = serde_json::to_vec(spec)
             .map_err(|e| CreateError::Failed(format!("cannot encode the spec: {e}")))?;
         let socket = self.socket_of(id);
+        let spare = self
+            .reserved
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
         let (exe, owner, owned_id, owned_socket) = (
             self.exe.clone(),
             self.owner.clone(),
@@ -350,7 +453,20 @@ impl Backend for ProcessBackend {
             socket.clone(),
         );
         let (pid, pidfd) = tokio::task::spawn_blocking(move || {
-            start_supervisor(&exe, &owner, &owned_id, &owned_socket, &spec_json)
+            match spare {
+                Some(spare) => match launch_with(spare.child, &spec_json) {
+                    // A spare that died while it waited: start a fresh one.
+                    Err(CreateError::Failed(_)) => launch_with(
+                        spawn_supervisor(&exe, &owner, &owned_id, &owned_socket)?,
+                        &spec_json,
+                    ),
+                    other => other,
+                },
+                None => launch_with(
+                    spawn_supervisor(&exe, &owner, &owned_id, &owned_socket)?,
+                    &spec_json,
+                ),
+            }
         })
         .await
         .map_err(|e| CreateError::Failed(format!("the supervisor start was cancelled: {e}")))??;
