@@ -19,8 +19,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
-/// Output kept per stream for clients that attach later.
-pub const REPLAY_BYTES: usize = 1 << 20;
+/// Output kept per stream of a running process for clients that attach
+/// later. Bounded because every process of every sandbox has one.
+pub const REPLAY_BYTES: usize = 256 << 10;
+/// Output kept per stream once the process ended (the tail), so the
+/// [`ENDED_KEPT`] ended processes of a sandbox cost at most 8 MiB.
+pub const ENDED_REPLAY_BYTES: usize = 64 << 10;
 /// Items queued per attached client before the pump waits for it.
 const CLIENT_QUEUE: usize = 256;
 /// A client that accepts nothing for this long is detached.
@@ -182,9 +186,13 @@ impl ProcessHub {
                     let index = usize::from(matches!(item, Output::Stderr(_)));
                     state.replay_bytes[index] += item.len();
                     state.replay.push_back(item.clone());
-                    trim(&mut state, index);
+                    trim_to(&mut state, index, REPLAY_BYTES);
                 }
-                Output::Exited(_) | Output::Error { .. } => state.exit = Some(item.clone()),
+                Output::Exited(_) | Output::Error { .. } => {
+                    state.exit = Some(item.clone());
+                    trim_to(&mut state, 0, ENDED_REPLAY_BYTES);
+                    trim_to(&mut state, 1, ENDED_REPLAY_BYTES);
+                }
             }
             state.clients.clone()
         };
@@ -208,9 +216,9 @@ impl ProcessHub {
     }
 }
 
-/// Drops the oldest chunks of stream `index` until it fits [`REPLAY_BYTES`].
-fn trim(state: &mut HubState, index: usize) {
-    while state.replay_bytes[index] > REPLAY_BYTES {
+/// Drops the oldest chunks of stream `index` until it fits `limit` bytes.
+fn trim_to(state: &mut HubState, index: usize, limit: usize) {
+    while state.replay_bytes[index] > limit {
         let Some(position) = state
             .replay
             .iter()
@@ -311,5 +319,66 @@ pub fn error_code(kind: ErrorKind) -> &'static str {
         ErrorKind::NoSpace => "insufficient_storage",
         ErrorKind::Io => "sandbox_io_error",
         ErrorKind::UnsupportedVersion => "internal",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exit(pid: u32) -> Output {
+        Output::Exited(ExitInfo {
+            pid,
+            exit_code: Some(0),
+            signal: None,
+            oom: false,
+            timed_out: false,
+            duration_ms: 1,
+            stdout_truncated: false,
+            stderr_truncated: false,
+        })
+    }
+
+    fn kept(attached: &Attached, stderr: bool) -> usize {
+        attached
+            .replay
+            .iter()
+            .filter(|o| matches!(o, Output::Stderr(_)) == stderr)
+            .map(Output::len)
+            .sum()
+    }
+
+    #[tokio::test]
+    async fn replay_keeps_a_bounded_tail_and_late_clients_see_the_end() {
+        let hub = ProcessHub::new(7, "x".into(), vec![], Identity::User, 0);
+        let mut early = hub.attach();
+        for i in 0..40u8 {
+            hub.publish(Output::Stdout(vec![i; 16 << 10])).await;
+            hub.publish(Output::Stderr(vec![i; 1 << 10])).await;
+            // The early client reads along, so nobody stalls.
+            assert!(matches!(early.next().await, Some(Output::Stdout(_))));
+            assert!(matches!(early.next().await, Some(Output::Stderr(_))));
+        }
+        let running = hub.attach();
+        assert_eq!(kept(&running, false), REPLAY_BYTES);
+        assert_eq!(
+            kept(&running, true),
+            40 << 10,
+            "stderr is under its own cap"
+        );
+        // The newest chunk is kept, the oldest dropped.
+        assert!(matches!(running.replay.back(), Some(Output::Stderr(b)) if b[0] == 39));
+
+        hub.publish(exit(7)).await;
+        assert!(matches!(early.next().await, Some(Output::Exited(_))));
+        assert!(
+            early.next().await.is_none(),
+            "the stream ends after the exit"
+        );
+        let late = hub.attach();
+        assert_eq!(kept(&late, false), ENDED_REPLAY_BYTES);
+        assert!(kept(&late, true) <= ENDED_REPLAY_BYTES);
+        assert!(matches!(late.replay.back(), Some(Output::Exited(_))));
+        assert!(!hub.running());
     }
 }
