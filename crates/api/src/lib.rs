@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod e2b;
 pub mod error;
 mod files;
 mod native;
@@ -164,6 +165,10 @@ pub fn router(daemon: Daemon) -> Router {
             authenticate,
         ))
         .layer(axum::middleware::from_fn(read_whole_body))
+        .layer(axum::middleware::from_fn_with_state(
+            e2b::Routers::new(api.clone()),
+            e2b::demux,
+        ))
         .layer(axum::middleware::from_fn_with_state(api, observe))
 }
 
@@ -256,6 +261,15 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
     let id = request_id_of(&request);
     let method = request.method().to_string();
     let path = request.uri().path().to_owned();
+    // e2b calls into a sandbox name it in a header, not in the path.
+    let e2b_sandbox = request
+        .headers()
+        .get(e2b::SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let audited = (path.starts_with("/v1/") && path != "/v1/openapi.json")
+        || e2b_sandbox.is_some()
+        || e2b::is_control_path(&path);
     request.extensions_mut().insert(RequestId(id.clone()));
     let mut response = next.run(request).await;
     let status = response.status();
@@ -266,10 +280,13 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
             code: status.as_u16(),
         })
         .inc();
-    if path.starts_with("/v1/") && path != "/v1/openapi.json" {
+    if audited {
         let sandbox = path
             .strip_prefix("/v1/sandboxes/")
+            .or_else(|| path.strip_prefix("/sandboxes/"))
+            .or_else(|| path.strip_prefix("/v2/sandboxes/"))
             .map(|rest| rest.split('/').next().unwrap_or(rest))
+            .or(e2b_sandbox.as_deref())
             .filter(|id| {
                 id.strip_prefix("sbx-").is_some_and(|hex| {
                     (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())

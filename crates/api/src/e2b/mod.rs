@@ -1,0 +1,79 @@
+//! The e2b dialect: what the unmodified `e2b` SDKs (Python and JS) and
+//! `e2b-code-interpreter` call, served on the daemon's one port.
+//!
+//! With `E2B_API_URL` and `E2B_SANDBOX_URL` both pointing at the daemon, the
+//! SDKs send two kinds of requests, told apart here (see [`demux`]):
+//!
+//! - the **control plane** (`/sandboxes…`, `/v2/sandboxes…`): create, list,
+//!   connect, kill, timeouts, metrics — [`control`];
+//! - calls **into one sandbox**, marked by the `E2b-Sandbox-Id` header (and
+//!   `E2b-Sandbox-Port`: envd's 49983 or the code interpreter's 49999):
+//!   envd's `/files`, `/health` and Connect services
+//!   (`/process.Process/*`, `/filesystem.Filesystem/*`), and the code
+//!   interpreter's `/execute` and `/contexts` — [`sandbox`].
+//!
+//! Like every dialect it is thin: each handler translates to a call on
+//! `airlock_daemon::Daemon` and back, and keeps no state of its own. The
+//! wire facts come from the public specifications in
+//! `shared/reference/e2b/` and from reading the SDKs; the definitions here
+//! are our own.
+
+pub mod control;
+pub mod sandbox;
+
+use crate::Api;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tower::ServiceExt;
+
+/// Header naming the sandbox a request is for.
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+/// Header naming the port inside the sandbox a request is for.
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+
+/// Whether `path` is one of the e2b control plane's.
+pub fn is_control_path(path: &str) -> bool {
+    ["/sandboxes", "/v2/sandboxes", "/v3/sandboxes"]
+        .iter()
+        .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
+}
+
+/// The e2b routers, built once.
+#[derive(Clone)]
+pub struct Routers {
+    control: Router,
+    sandbox: Router,
+}
+
+impl Routers {
+    pub fn new(api: Api) -> Routers {
+        Routers {
+            control: control::router(api.clone()),
+            sandbox: sandbox::router(api),
+        }
+    }
+}
+
+/// Sends e2b requests to the e2b routers and everything else on to the
+/// native API. Runs before the native body buffering and authentication:
+/// the e2b routers authenticate the e2b way and stream their own bodies
+/// (Connect client streams end only when the client ends them).
+pub async fn demux(State(routers): State<Routers>, request: Request, next: Next) -> Response {
+    let router = if request.headers().contains_key(SANDBOX_ID_HEADER) {
+        Some(routers.sandbox)
+    } else if is_control_path(request.uri().path()) {
+        Some(routers.control)
+    } else {
+        None
+    };
+    match router {
+        Some(router) => match router.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        },
+        None => next.run(request).await,
+    }
+    .into_response()
+}
