@@ -106,6 +106,7 @@ pub async fn write_file(
             &params.path,
             mode,
             params.user.map(Into::into),
+            airlock_daemon::files::WriteMode::Atomic,
             Box::pin(stream),
             limit,
             &request_id.0,

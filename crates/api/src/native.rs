@@ -72,35 +72,12 @@ fn parse_metadata(text: &str) -> Result<BTreeMap<String, String>> {
             ApiError::bad_request("metadata: expected URL-encoded key=value pairs")
         })?;
         let decode = |s: &str| -> Result<String> {
-            percent_decode(s).ok_or_else(|| ApiError::bad_request("metadata: bad percent-encoding"))
+            percent_decode(s, true)
+                .ok_or_else(|| ApiError::bad_request("metadata: bad percent-encoding"))
         };
         pairs.insert(decode(k)?, decode(v)?);
     }
     Ok(pairs)
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = s.get(i + 1..i + 3)?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Lists sandboxes, oldest first.
@@ -383,6 +360,7 @@ pub async fn exec(
                 user: body.user.map(Into::into),
                 timeout_ms,
                 stdin: body.stdin,
+                tag: None,
             },
             &request_id.0,
         )

@@ -599,3 +599,29 @@ pub struct EventPage {
 pub struct Health {
     pub status: String,
 }
+
+/// Decodes `%XX` escapes and, with `plus`, `+` (a space, as form encoding
+/// writes it).
+pub fn percent_decode(s: &str, plus: bool) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' if plus => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}

@@ -14,7 +14,7 @@
 
 use airlock_protocol::{ErrorKind, Event, Events, ExitStatus, Identity};
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -85,6 +85,12 @@ pub struct ProcessView {
     pub signal: Option<i32>,
     /// Unix milliseconds.
     pub started_at: i64,
+    /// The name the client gave it, if any.
+    pub tag: Option<String>,
+    /// The environment the request added (not the sandbox's own).
+    pub env: BTreeMap<String, String>,
+    /// The working directory the request named.
+    pub cwd: Option<String>,
 }
 
 #[derive(Default)]
@@ -102,6 +108,12 @@ pub struct ProcessHub {
     pub args: Vec<String>,
     pub user: Identity,
     pub started_at: i64,
+    /// The name the client gave it (unique among running processes).
+    pub tag: Option<String>,
+    /// The environment the request added.
+    pub env: BTreeMap<String, String>,
+    /// The working directory the request named.
+    pub cwd: Option<String>,
     state: Mutex<HubState>,
 }
 
@@ -133,8 +145,25 @@ impl ProcessHub {
             args,
             user,
             started_at,
+            tag: None,
+            env: BTreeMap::new(),
+            cwd: None,
             state: Mutex::new(HubState::default()),
         }
+    }
+
+    /// The same hub with the request's tag, environment and working
+    /// directory recorded (for listing and lookup by tag).
+    pub fn described(
+        mut self,
+        tag: Option<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<String>,
+    ) -> Self {
+        self.tag = tag;
+        self.env = env;
+        self.cwd = cwd;
+        self
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HubState> {
@@ -174,6 +203,9 @@ impl ProcessHub {
             exit_code,
             signal,
             started_at: self.started_at,
+            tag: self.tag.clone(),
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
         }
     }
 

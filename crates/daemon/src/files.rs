@@ -38,6 +38,16 @@ fn owner(user: RunAs) -> Identity {
     }
 }
 
+/// How [`Daemon::write_file`] puts a file in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Written under a temporary name, renamed into place when complete:
+    /// the file appears whole or not at all.
+    Atomic,
+    /// Written where it belongs, as it arrives.
+    InPlace,
+}
+
 /// A file being read, chunk by chunk.
 pub struct FileReader {
     first: Option<Vec<u8>>,
@@ -154,9 +164,12 @@ impl Daemon {
         Ok(reader)
     }
 
-    /// Writes `path` from `body`, creating parent directories, atomically:
-    /// the content goes to a temporary name and is renamed into place once
-    /// complete. More than `limit` bytes → `TooLarge` and nothing is left.
+    /// Writes `path` from `body`, creating parent directories. With
+    /// [`WriteMode::Atomic`] the content goes to a temporary name and is
+    /// renamed into place once complete; [`WriteMode::InPlace`] writes the
+    /// file itself, as e2b's envd does (a watcher then sees it created and
+    /// written under its own name). More than `limit` bytes → `TooLarge`
+    /// and the file is removed.
     #[allow(clippy::too_many_arguments)]
     pub async fn write_file<S, B, E>(
         &self,
@@ -164,6 +177,7 @@ impl Daemon {
         path: &str,
         mode: Option<u32>,
         user: Option<RunAs>,
+        write_mode: WriteMode,
         mut body: S,
         limit: u64,
         request_id: &str,
@@ -180,13 +194,16 @@ impl Daemon {
         let sandbox = self.running(id)?;
         let user = user.unwrap_or(sandbox.spec.user);
         let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-        let temp = format!(
-            "{dir}/.{name}.airlock-upload-{}",
-            airlock_store::new_secret("")
-                .map_err(DaemonError::from)?
-                .get(..12)
-                .unwrap_or("0")
-        );
+        let temp = match write_mode {
+            WriteMode::Atomic => format!(
+                "{dir}/.{name}.airlock-upload-{}",
+                airlock_store::new_secret("")
+                    .map_err(DaemonError::from)?
+                    .get(..12)
+                    .unwrap_or("0")
+            ),
+            WriteMode::InPlace => path.to_owned(),
+        };
         let agent = sandbox.agent();
         let events = agent
             .request(Request::WriteFile {
@@ -231,6 +248,7 @@ impl Daemon {
         let outcome = events.finish().await.map_err(closed(id))?;
         let result = match (failure, outcome) {
             (Some(failure), _) => Err(failure),
+            (None, Event::Written { bytes }) if write_mode == WriteMode::InPlace => Ok(bytes),
             (None, Event::Written { bytes }) => {
                 match self
                     .simple_request(
@@ -523,5 +541,161 @@ impl Daemon {
             agent,
             ended: false,
         })
+    }
+}
+
+/// Changes kept per named watcher between two polls; past it the oldest
+/// are dropped (and the next poll says so).
+pub const WATCHER_CHANGES_KEPT: usize = 4096;
+/// Named watchers one sandbox may hold at once.
+pub const WATCHERS_PER_SANDBOX: usize = 64;
+
+/// The named watchers of one sandbox (see [`Daemon::create_watcher`]).
+#[derive(Default)]
+pub struct NamedWatchers {
+    by_id: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<Polled>>>,
+}
+
+/// A watcher whose changes wait in a bounded buffer for the next poll.
+struct Polled {
+    state: std::sync::Mutex<PolledState>,
+    task: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[derive(Default)]
+struct PolledState {
+    changes: std::collections::VecDeque<Change>,
+    dropped: u64,
+    error: Option<DaemonError>,
+    ended: bool,
+}
+
+impl Drop for Polled {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+/// What one poll of a named watcher returns.
+#[derive(Debug)]
+pub struct Polls {
+    /// Changes since the last poll, oldest first.
+    pub changes: Vec<Change>,
+    /// Changes dropped since the last poll because nobody polled in time.
+    pub dropped: u64,
+}
+
+impl NamedWatchers {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::sync::Arc<Polled>>> {
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Daemon {
+    /// Starts a watch of directory `path` whose changes are kept for
+    /// [`Daemon::watcher_changes`]; returns its id. It ends with the
+    /// sandbox, on [`Daemon::remove_watcher`], or when the watch breaks.
+    pub async fn create_watcher(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<String, DaemonError> {
+        let sandbox = self.running(id)?;
+        if sandbox.watchers.map().len() >= WATCHERS_PER_SANDBOX {
+            return Err(DaemonError::Conflict(format!(
+                "a sandbox may hold at most {WATCHERS_PER_SANDBOX} watchers; remove one first"
+            )));
+        }
+        let mut watcher = self.watch(id, path, recursive).await?;
+        let watcher_id = airlock_store::new_secret("w-")
+            .map_err(DaemonError::from)?
+            .chars()
+            .take(26)
+            .collect::<String>();
+        let polled = std::sync::Arc::new(Polled {
+            state: std::sync::Mutex::new(PolledState::default()),
+            task: std::sync::Mutex::new(None),
+        });
+        let weak = std::sync::Arc::downgrade(&polled);
+        let task = tokio::spawn(async move {
+            loop {
+                let next = watcher.next().await;
+                let Some(polled) = weak.upgrade() else { return };
+                let mut state = polled.state.lock().unwrap_or_else(|p| p.into_inner());
+                match next {
+                    Some(Ok(change)) => {
+                        if state.changes.len() >= WATCHER_CHANGES_KEPT {
+                            state.changes.pop_front();
+                            state.dropped += 1;
+                        }
+                        state.changes.push_back(change);
+                    }
+                    Some(Err(e)) => {
+                        state.error = Some(e);
+                        state.ended = true;
+                        return;
+                    }
+                    None => {
+                        state.ended = true;
+                        return;
+                    }
+                }
+            }
+        });
+        *polled.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        let mut map = sandbox.watchers.map();
+        if map.len() >= WATCHERS_PER_SANDBOX {
+            return Err(DaemonError::Conflict(format!(
+                "a sandbox may hold at most {WATCHERS_PER_SANDBOX} watchers; remove one first"
+            )));
+        }
+        map.insert(watcher_id.clone(), polled);
+        Ok(watcher_id)
+    }
+
+    /// The changes a named watcher saw since the last call. A watch that
+    /// broke answers its error once and is then forgotten.
+    pub fn watcher_changes(&self, id: &str, watcher_id: &str) -> Result<Polls, DaemonError> {
+        let sandbox = self.running(id)?;
+        let polled = sandbox
+            .watchers
+            .map()
+            .get(watcher_id)
+            .cloned()
+            .ok_or_else(|| DaemonError::NotFound(format!("no watcher {watcher_id}")))?;
+        let (polls, error, ended) = {
+            let mut state = polled.state.lock().unwrap_or_else(|p| p.into_inner());
+            let polls = Polls {
+                changes: state.changes.drain(..).collect(),
+                dropped: std::mem::take(&mut state.dropped),
+            };
+            (polls, state.error.take(), state.ended)
+        };
+        if let Some(error) = error {
+            sandbox.watchers.map().remove(watcher_id);
+            return Err(error);
+        }
+        if ended && polls.changes.is_empty() {
+            sandbox.watchers.map().remove(watcher_id);
+            return Err(DaemonError::NotFound(format!(
+                "watcher {watcher_id} has ended"
+            )));
+        }
+        Ok(polls)
+    }
+
+    /// Stops and forgets a named watcher.
+    pub fn remove_watcher(&self, id: &str, watcher_id: &str) -> Result<(), DaemonError> {
+        let sandbox = self.running(id)?;
+        let removed = sandbox.watchers.map().remove(watcher_id);
+        match removed {
+            Some(_) => Ok(()),
+            None => Err(DaemonError::NotFound(format!("no watcher {watcher_id}"))),
+        }
     }
 }

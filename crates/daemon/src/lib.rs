@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
+pub mod tokens;
 
 use airlock_backend::{Backend, Resources};
 use airlock_core::{Admission, AdmissionLimits, LiveLease, Rejected, State};
@@ -195,6 +196,9 @@ pub struct LiveSandbox {
     state: Mutex<State>,
     lease: Mutex<Option<LiveLease>>,
     processes: Mutex<ProcessTable>,
+    /// Watchers polled by name (the e2b dialect's CreateWatcher); they end
+    /// with the sandbox.
+    watchers: files::NamedWatchers,
     /// Held through a teardown, so stops and deaths run one at a time.
     teardown: tokio::sync::Mutex<()>,
 }
@@ -217,6 +221,7 @@ impl LiveSandbox {
             state: Mutex::new(state),
             lease: Mutex::new(lease),
             processes: Mutex::new(ProcessTable::default()),
+            watchers: files::NamedWatchers::default(),
             teardown: tokio::sync::Mutex::new(()),
         });
         (sandbox, instance.ended)
@@ -247,6 +252,8 @@ pub(crate) struct Inner {
     creating: Mutex<std::collections::HashSet<String>>,
     audit: Audit,
     metrics: Metrics,
+    /// What sandbox access tokens are derived from.
+    token_key: tokens::TokenKey,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -262,6 +269,8 @@ pub enum StartError {
     Limits(#[from] airlock_core::LimitsError),
     #[error("cannot open the audit streams in {0}")]
     Audit(PathBuf, #[source] std::io::Error),
+    #[error("cannot set up the sandbox token key in {0}")]
+    TokenKey(PathBuf, #[source] tokens::TokenKeyError),
 }
 
 impl Daemon {
@@ -273,6 +282,8 @@ impl Daemon {
         backend: Arc<dyn Backend>,
     ) -> Result<Daemon, StartError> {
         let admission = Admission::new(config.admission)?;
+        let token_key = tokens::TokenKey::load_or_create(&config.data_dir)
+            .map_err(|e| StartError::TokenKey(config.data_dir.clone(), e))?;
         let audit_dir = config.data_dir.join("audit");
         let audit = Audit::start(&audit_dir, Arc::clone(&store))
             .map_err(|e| StartError::Audit(audit_dir, e))?;
@@ -286,6 +297,7 @@ impl Daemon {
                 creating: Mutex::new(Default::default()),
                 audit,
                 metrics: Metrics::new(),
+                token_key,
             }),
         })
     }

@@ -29,6 +29,9 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Whether its stdin is a pipe fed through the API.
     pub stdin: bool,
+    /// A name to find it by later; unique among the sandbox's running
+    /// processes.
+    pub tag: Option<String>,
 }
 
 fn identity(user: RunAs) -> Identity {
@@ -56,6 +59,18 @@ impl Daemon {
             return Err(DaemonError::BadInput(
                 "cmd must be a non-empty string without NUL".into(),
             ));
+        }
+        if let Some(tag) = &request.tag {
+            let table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+            if table
+                .hubs
+                .values()
+                .any(|hub| hub.running() && hub.tag.as_ref() == Some(tag))
+            {
+                return Err(DaemonError::Conflict(format!(
+                    "a running process already has the tag {tag}"
+                )));
+            }
         }
         let user = request.user.unwrap_or(sandbox.spec.user);
         let mut env = sandbox.spec.process_env(user);
@@ -96,13 +111,20 @@ impl Daemon {
             },
             None => return Err(DaemonError::NotRunning(id.to_owned())),
         };
-        let hub = Arc::new(ProcessHub::new(
-            pid,
-            request.cmd.clone(),
-            request.args.clone(),
-            identity(user),
-            now_ms(),
-        ));
+        let hub = Arc::new(
+            ProcessHub::new(
+                pid,
+                request.cmd.clone(),
+                request.args.clone(),
+                identity(user),
+                now_ms(),
+            )
+            .described(
+                request.tag.clone(),
+                request.env.clone(),
+                request.cwd.clone(),
+            ),
+        );
         let attached = hub.attach();
         {
             let mut table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,6 +274,9 @@ impl Daemon {
                         exit_code: None,
                         signal: None,
                         started_at: 0,
+                        tag: None,
+                        env: BTreeMap::new(),
+                        cwd: None,
                     });
                 }
             }
@@ -269,6 +294,23 @@ impl Daemon {
             .get(&pid)
             .cloned()
             .ok_or_else(|| DaemonError::NotFound(format!("no process {pid} in {id}")))
+    }
+
+    /// The hub of the process tagged `tag` in `id`: the running one, else
+    /// the most recent that ended.
+    pub fn process_by_tag(&self, id: &str, tag: &str) -> Result<Arc<ProcessHub>, DaemonError> {
+        let sandbox = self.running(id)?;
+        let table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut tagged: Vec<&Arc<ProcessHub>> = table
+            .hubs
+            .values()
+            .filter(|hub| hub.tag.as_deref() == Some(tag))
+            .collect();
+        tagged.sort_by_key(|hub| (hub.running(), hub.started_at));
+        tagged
+            .last()
+            .map(|hub| Arc::clone(hub))
+            .ok_or_else(|| DaemonError::NotFound(format!("no process tagged {tag} in {id}")))
     }
 
     /// Appends `data` to the stdin of `pid`.

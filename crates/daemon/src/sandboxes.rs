@@ -169,13 +169,8 @@ impl Daemon {
         };
         let started = Instant::now();
         let id = self.inner.backend.reserve_id();
-        let access_token = match airlock_store::new_secret("at_") {
-            Ok(token) => token,
-            Err(e) => {
-                self.inner.backend.unreserve(&id);
-                return Err(e.into());
-            }
-        };
+        // Derived, not drawn, so dialects can hand it out again (see tokens).
+        let access_token = self.inner.token_key.token_for(&id);
         let now = now_ms();
         let spec = request.spec;
         let spec_json = serde_json::to_string(&spec)
@@ -496,6 +491,30 @@ impl Daemon {
     pub fn access_token_matches(&self, id: &str, token: &str) -> bool {
         self.with_store(|s| s.verify_access_token(id, token))
             .unwrap_or(false)
+    }
+
+    /// The live sandbox whose access token is `token`, if any.
+    pub fn sandbox_with_token(&self, token: &str) -> Option<String> {
+        if !token.starts_with("at_") {
+            return None;
+        }
+        self.with_store(|s| s.live_sandbox_with_token(token))
+            .ok()
+            .flatten()
+    }
+
+    /// The access token of `id`, given out again (e2b's `connect` answers
+    /// with it). `None` for a sandbox whose token was not derived from this
+    /// daemon's token key (one created before tokens were derived).
+    pub fn access_token(&self, id: &str) -> Option<String> {
+        let token = self.inner.token_key.token_for(id);
+        self.access_token_matches(id, &token).then_some(token)
+    }
+
+    /// Resource usage of the running sandbox `id` so far, when its backend
+    /// can tell.
+    pub fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {
+        self.inner.backend.usage(id)
     }
 
     /// One page of the sandboxes `key` may see.

@@ -313,6 +313,19 @@ impl Store {
         Ok(())
     }
 
+    /// The live (not dead) sandbox whose access token is `token`, found by
+    /// the token's SHA-256. For clients that name a sandbox only by its
+    /// token (some e2b SDK versions after `connect`).
+    pub fn live_sandbox_with_token(&self, token: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT id FROM sandboxes WHERE access_token_hash = ?1 AND state <> 'dead' LIMIT 1",
+            )?
+            .query_row([hash_secret(token).as_slice()], |row| row.get(0))
+            .optional()?)
+    }
+
     /// Whether `token` is the access token of sandbox `id`, compared in
     /// constant time on its SHA-256. Says nothing about the sandbox's state.
     pub fn verify_access_token(&self, id: &str, token: &str) -> Result<bool, StoreError> {

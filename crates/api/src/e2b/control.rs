@@ -1,9 +1,577 @@
-//! The e2b control plane: `/sandboxes`, `/v2/sandboxes` and friends.
+//! The e2b control plane: what the SDKs' `Sandbox.create`, `connect`,
+//! `kill`, `set_timeout`, `get_info`, `list`, `pause` and `get_metrics`
+//! send to `E2B_API_URL`.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | 201 `Sandbox` |
+//! | `GET /sandboxes` (running only, no pages) | 200 `[ListedSandbox]` |
+//! | `GET /v2/sandboxes?state&metadata&template&startedAfter&limit&nextToken` | 200 `[ListedSandbox]`, `x-next-token` when more |
+//! | `GET /sandboxes/{id}` | 200 `SandboxDetail` |
+//! | `DELETE /sandboxes/{id}` | 204 |
+//! | `POST /sandboxes/{id}/timeout` | 204 |
+//! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 `Sandbox` (TTL only extended) |
+//! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` (connect semantics) |
+//! | `POST /sandboxes/{id}/pause` | 501: not supported on the process tier |
+//! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
+//! | fork, snapshots, network, refreshes, logs | 501 after the sandbox is found |
+//!
+//! A sandbox that was killed, timed out or died is gone, as on e2b: every
+//! route answers 404 for it. Errors are e2b's `{"code": <status>,
+//! "message": "..."}`, which the SDKs turn into their exceptions (401 →
+//! `AuthenticationException`, 404 → `SandboxNotFoundException` / `false`
+//! from `kill`, 429 → `RateLimitException` after retrying on
+//! `Retry-After`, anything else → `SandboxException("<status>: <message>")`).
+//!
+//! The e2b API key is an airlock API key (`X-API-Key: al_…`, or a bearer
+//! token); a non-admin key sees only its own sandboxes. The answer to
+//! create, connect and get carries the sandbox's access token as
+//! `envdAccessToken`, and `domain: null` so the SDK reaches the sandbox
+//! through `E2B_SANDBOX_URL` (this same port).
 
-use crate::Api;
-use axum::Router;
+pub mod wire;
+
+use crate::auth::{self, Caller};
+use crate::error::ApiError;
+use crate::{Api, RequestId, MAX_JSON_BYTES};
+use airlock_core::DeadReason;
+use airlock_daemon::sandboxes::NewSandboxRequest;
+use airlock_daemon::DaemonError;
+use airlock_store::{KeyRow, SandboxRow};
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Serialize;
+use std::time::Duration;
+use wire::*;
+
+type Result<T> = std::result::Result<T, E2bError>;
+
+/// An error answer in e2b's shape: `{"code": <HTTP status>, "message"}`.
+#[derive(Debug)]
+pub struct E2bError {
+    pub status: StatusCode,
+    pub message: String,
+    /// Seconds, for 429 and 503.
+    pub retry_after: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct ErrorWire<'a> {
+    code: u16,
+    message: &'a str,
+}
+
+impl E2bError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> E2bError {
+        E2bError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// A sandbox that does not exist, is not the caller's, or is gone.
+    pub fn sandbox_not_found(id: &str) -> E2bError {
+        E2bError::new(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))
+    }
+
+    /// A feature the process tier does not have (501), with a hint.
+    pub fn not_supported(what: &str, hint: &str) -> E2bError {
+        E2bError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("{what} is not supported on the process tier of this airlock daemon{hint}"),
+        )
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> E2bError {
+        E2bError {
+            status: e.status,
+            message: e.message,
+            retry_after: e.retry_after,
+        }
+    }
+}
+
+impl From<DaemonError> for E2bError {
+    fn from(e: DaemonError) -> E2bError {
+        match e {
+            // Gone, in e2b's terms.
+            DaemonError::NotRunning(id) => E2bError::sandbox_not_found(&id),
+            other => ApiError::from(other).into(),
+        }
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = ErrorWire {
+            code: self.status.as_u16(),
+            message: &self.message,
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            if let Ok(value) = HeaderValue::from_str(&secs.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}
 
 /// The control-plane routes.
 pub fn router(api: Api) -> Router {
-    Router::new().with_state(api)
+    Router::new()
+        .route("/sandboxes", post(create_v1).get(list_v1))
+        .route("/v2/sandboxes", post(create_v2).get(list_v2))
+        .route("/sandboxes/metrics", get(metrics_batch))
+        .route("/sandboxes/{id}", get(get_sandbox).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/sandboxes/{id}/network", axum::routing::put(network))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/logs", get(logs))
+        .route("/v2/sandboxes/{id}/logs", get(logs))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
+        .with_state(api)
+}
+
+async fn no_route() -> E2bError {
+    E2bError::new(StatusCode::NOT_FOUND, "no such route")
+}
+
+async fn wrong_method() -> E2bError {
+    E2bError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "this route does not take that method",
+    )
+}
+
+/// Reads the body whole (up to 1 MiB, so every answer leaves the
+/// connection healthy, as the native API does), then authenticates the
+/// e2b way: the API key in `X-API-Key` (or a bearer token). Sandbox access
+/// tokens open nothing here.
+async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            let mut response = E2bError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the body is larger than 1 MiB",
+            )
+            .into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
+    };
+    let caller =
+        match auth::authenticate(&api.daemon, &parts.method, parts.uri.path(), &parts.headers) {
+            Ok(caller @ Caller::Key(_)) => caller,
+            _ => {
+                return E2bError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "a valid API key is required in X-API-Key (an airlock API key, al_…)",
+                )
+                .into_response()
+            }
+        };
+    let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    request.extensions_mut().insert(caller.clone());
+    let mut response = next.run(request).await;
+    response.extensions_mut().insert(caller);
+    response
+}
+
+/// The API key of an admitted request.
+fn key_of(caller: &Caller) -> Result<&KeyRow> {
+    caller.key().map_err(E2bError::from)
+}
+
+/// A JSON body that may be empty (then `T::default()`).
+fn body_of<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        E2bError::bad_request(format!("the body is not valid JSON for this route: {e}"))
+    })
+}
+
+fn query_of<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
+    q.map(|Query(t)| t)
+        .map_err(|e| E2bError::bad_request(e.body_text()))
+}
+
+/// The sandbox `id` if the caller may see it and it is not gone.
+fn live_row(api: &Api, key: &KeyRow, id: &str) -> Result<SandboxRow> {
+    match api.daemon.get(key, id) {
+        Ok(row) if e2b_state(row.state).is_some() => Ok(row),
+        Ok(_) | Err(DaemonError::NotFound(_)) => Err(E2bError::sandbox_not_found(id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Which create route was called: they differ only in the status of an
+/// unknown template (the v2 route documents 404, the first one 400).
+#[derive(Clone, Copy)]
+enum CreateRoute {
+    V1,
+    V2,
+}
+
+async fn create_v1(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    body: Bytes,
+) -> Result<Response> {
+    create(api, caller, request_id, body, CreateRoute::V1).await
+}
+
+async fn create_v2(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    body: Bytes,
+) -> Result<Response> {
+    create(api, caller, request_id, body, CreateRoute::V2).await
+}
+
+/// Whether `name` is a template registered with the daemon.
+fn is_registered(api: &Api, name: &str) -> bool {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    valid
+        && api
+            .daemon
+            .config()
+            .data_dir
+            .join("templates")
+            .join(name)
+            .is_dir()
+}
+
+/// Creates a sandbox: 201 and e2b's `Sandbox`.
+async fn create(
+    api: Api,
+    caller: Caller,
+    request_id: RequestId,
+    body: Bytes,
+    route: CreateRoute,
+) -> Result<Response> {
+    let key = key_of(&caller)?.clone();
+    let body: NewSandbox = body_of(&body)?;
+    let name = body.template_name()?.to_owned();
+    let native_template = match template_choice(&name) {
+        TemplateChoice::Host => "host".to_owned(),
+        TemplateChoice::Registered(name) if is_registered(&api, &name) => name,
+        TemplateChoice::Registered(name) => {
+            let status = match route {
+                CreateRoute::V1 => StatusCode::BAD_REQUEST,
+                CreateRoute::V2 => StatusCode::NOT_FOUND,
+            };
+            return Err(E2bError::new(
+                status,
+                format!("template '{name}' not found"),
+            ));
+        }
+    };
+    let config = api.daemon.config();
+    let native = body.to_native(
+        &native_template,
+        config.default_timeout.as_secs(),
+        config.max_timeout.as_secs(),
+    )?;
+    let (spec, _, metadata) = native
+        .into_spec(&api.daemon)
+        .map_err(E2bError::bad_request)?;
+    let created = api
+        .daemon
+        .create(
+            &key,
+            NewSandboxRequest {
+                spec,
+                // Recorded as the client named it: `templateID` reads back.
+                template_name: name,
+                metadata,
+            },
+            &request_id.0,
+        )
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SandboxWire::of(&created.row, Some(created.access_token))),
+    )
+        .into_response())
+}
+
+/// `GET /sandboxes`: every running sandbox, no pages (e2b's deprecated list).
+async fn list_v1(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    params: std::result::Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Vec<ListedWire>>> {
+    let key = key_of(&caller)?;
+    let params = query_of(params)?;
+    let mut plan = list_plan(&ListParams {
+        metadata: params.metadata,
+        state: Some("running".into()),
+        ..ListParams::default()
+    })?;
+    let mut items = Vec::new();
+    loop {
+        let page = api.daemon.list(key, plan.query.clone())?;
+        items.extend(page.items.iter().filter_map(ListedWire::of));
+        match page.next_cursor {
+            Some(cursor) => plan.query.cursor = Some(cursor),
+            None => break,
+        }
+    }
+    Ok(Json(items))
+}
+
+/// `GET /v2/sandboxes`: one page, oldest first; `x-next-token` names the
+/// next one. `order` is accepted and the order stays oldest first.
+async fn list_v2(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    params: std::result::Result<Query<ListParams>, QueryRejection>,
+) -> Result<Response> {
+    let key = key_of(&caller)?;
+    let plan = list_plan(&query_of(params)?)?;
+    let page = api.daemon.list(key, plan.query.clone())?;
+    let items: Vec<ListedWire> = page
+        .items
+        .iter()
+        .filter(|row| plan.keeps(row))
+        .filter_map(ListedWire::of)
+        .collect();
+    let mut response = Json(items).into_response();
+    if let Some(token) = page
+        .next_cursor
+        .and_then(|c| HeaderValue::from_str(&c).ok())
+    {
+        response.headers_mut().insert("x-next-token", token);
+    }
+    Ok(response)
+}
+
+/// `GET /sandboxes/{id}`: e2b's `SandboxDetail`, with the access token.
+async fn get_sandbox(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ListedWire>> {
+    let row = live_row(&api, key_of(&caller)?, &id)?;
+    ListedWire::detail(&row, api.daemon.access_token(&id))
+        .map(Json)
+        .ok_or_else(|| E2bError::sandbox_not_found(&id))
+}
+
+/// `DELETE /sandboxes/{id}`: 204 once everything it held is released.
+async fn kill(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    api.daemon
+        .stop(&id, DeadReason::Deleted, Some(&request_id.0))
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The timeout of a body, in whole seconds.
+fn timeout_secs(body: &TimeoutBody) -> Result<Option<Duration>> {
+    match body.timeout {
+        None => Ok(None),
+        Some(t) if t >= 0 => Ok(Some(Duration::from_secs(t as u64))),
+        Some(_) => Err(E2bError::bad_request("timeout must not be negative")),
+    }
+}
+
+/// `POST /sandboxes/{id}/timeout` `{"timeout": seconds}`: expires that
+/// long from now (shorter or longer); 204.
+async fn set_timeout(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode> {
+    let key = key_of(&caller)?;
+    let body: TimeoutBody = body_of(&body)?;
+    let timeout =
+        timeout_secs(&body)?.ok_or_else(|| E2bError::bad_request("timeout is required"))?;
+    live_row(&api, key, &id)?;
+    api.daemon.set_timeout(key, &id, timeout)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Connect semantics: the running sandbox's `Sandbox`, its lifetime
+/// extended to `timeout` from now if that is later than it was.
+fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<SandboxWire> {
+    let body: TimeoutBody = body_of(body)?;
+    let timeout = timeout_secs(&body)?;
+    let mut row = live_row(api, key, id)?;
+    if let Some(timeout) = timeout.filter(|t| !t.is_zero()) {
+        let wanted = airlock_daemon::audit::now_ms()
+            .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
+        if wanted > row.expires_at {
+            row = api.daemon.set_timeout(key, id, timeout)?;
+        }
+    }
+    Ok(SandboxWire::of(&row, api.daemon.access_token(id)))
+}
+
+/// `POST /sandboxes/{id}/connect` and `/v2/…/connect`: 200 (it was running).
+async fn connect(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<SandboxWire>> {
+    attach(&api, key_of(&caller)?, &id, &body).map(Json)
+}
+
+/// `POST /sandboxes/{id}/resume`: nothing is ever paused, so this is
+/// connect, answered 201 as e2b answers a resume.
+async fn resume(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    let wire = attach(&api, key_of(&caller)?, &id, &body)?;
+    Ok((StatusCode::CREATED, Json(wire)).into_response())
+}
+
+/// `POST /sandboxes/{id}/pause`: 501. (409 would read as "already paused"
+/// to the SDKs, which then report success.)
+async fn pause(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::not_supported(
+        "pausing",
+        "; the sandbox keeps running (kill it, or extend it with set_timeout)",
+    ))
+}
+
+async fn fork(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::not_supported("forking", ""))
+}
+
+async fn snapshot(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::not_supported("snapshotting", ""))
+}
+
+async fn network(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::new(StatusCode::NOT_IMPLEMENTED, NO_INTERNET))
+}
+
+async fn refresh(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::not_supported("refreshing", "; use set_timeout"))
+}
+
+async fn logs(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode> {
+    live_row(&api, key_of(&caller)?, &id)?;
+    Err(E2bError::not_supported(
+        "reading sandbox logs",
+        "; see the native /v1/sandboxes/{id}/events",
+    ))
+}
+
+/// One metric sample of a visible, live sandbox.
+fn sample(api: &Api, row: &SandboxRow) -> MetricWire {
+    let measured = api
+        .daemon
+        .usage(&row.id)
+        .map(|u| Measured {
+            cpu_time_ns: u.cpu_time_ns,
+            peak_memory_bytes: u.peak_memory_bytes,
+        })
+        .unwrap_or_default();
+    metric_of(row, measured, airlock_daemon::audit::now_ms())
+}
+
+/// `GET /sandboxes/{id}/metrics`: one sample, now (`start`/`end` are
+/// accepted; there is no history).
+async fn metrics(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<MetricWire>>> {
+    let row = live_row(&api, key_of(&caller)?, &id)?;
+    Ok(Json(vec![sample(&api, &row)]))
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: a sample of each one the
+/// caller may see and that is live; others are left out.
+async fn metrics_batch(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    params: std::result::Result<Query<MetricsParams>, QueryRejection>,
+) -> Result<Json<MetricsBatchWire>> {
+    let key = key_of(&caller)?;
+    let ids = metric_ids(&query_of(params)?)?;
+    let mut sandboxes = std::collections::BTreeMap::new();
+    for id in ids {
+        if let Ok(row) = live_row(&api, key, &id) {
+            sandboxes.insert(id, sample(&api, &row));
+        }
+    }
+    Ok(Json(MetricsBatchWire { sandboxes }))
 }

@@ -40,18 +40,30 @@ pub fn is_control_path(path: &str) -> bool {
         .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
 }
 
+/// Whether `path` is one only envd serves (its Connect services and its
+/// REST routes), so a request for it without `E2b-Sandbox-Id` is still
+/// meant for a sandbox.
+fn is_envd_path(path: &str) -> bool {
+    path.starts_with("/process.Process/")
+        || path.starts_with("/filesystem.Filesystem/")
+        || path == "/files"
+        || path == "/health"
+}
+
 /// The e2b routers, built once.
 #[derive(Clone)]
 pub struct Routers {
     control: Router,
     sandbox: Router,
+    daemon: airlock_daemon::Daemon,
 }
 
 impl Routers {
     pub fn new(api: Api) -> Routers {
         Routers {
             control: control::router(api.clone()),
-            sandbox: sandbox::router(api),
+            sandbox: sandbox::router(api.clone()),
+            daemon: api.daemon,
         }
     }
 }
@@ -61,19 +73,63 @@ impl Routers {
 /// the e2b routers authenticate the e2b way and stream their own bodies
 /// (Connect client streams end only when the client ends them).
 pub async fn demux(State(routers): State<Routers>, request: Request, next: Next) -> Response {
-    let router = if request.headers().contains_key(SANDBOX_ID_HEADER) {
-        Some(routers.sandbox)
-    } else if is_control_path(request.uri().path()) {
-        Some(routers.control)
-    } else {
-        None
-    };
-    match router {
-        Some(router) => match router.oneshot(request).await {
+    // Control paths first: some SDK versions also send `E2b-Sandbox-Id` on
+    // control-plane calls such as `POST /sandboxes/{id}/connect`.
+    if is_control_path(request.uri().path()) {
+        // Control-plane bodies are small JSON: read them whole before any
+        // answer, so an early error never leaves a body unread on a
+        // keep-alive connection.
+        let (parts, body) = request.into_parts();
+        let Ok(bytes) = axum::body::to_bytes(body, crate::MAX_JSON_BYTES).await else {
+            return close(
+                crate::error::ApiError::new(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "the body is larger than 1 MiB",
+                )
+                .into_response(),
+            );
+        };
+        let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+        return match routers.control.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},
-        },
-        None => next.run(request).await,
+        };
     }
-    .into_response()
+    let mut request = request;
+    if !request.headers().contains_key(SANDBOX_ID_HEADER) && is_envd_path(request.uri().path()) {
+        // e2b 2.7 to 2.25 drop `E2b-Sandbox-Id` after `Sandbox.connect`;
+        // their access token still names the sandbox.
+        let sandbox = request
+            .headers()
+            .get("x-access-token")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|token| routers.daemon.sandbox_with_token(token))
+            .and_then(|id| axum::http::HeaderValue::from_str(&id).ok());
+        if let Some(id) = sandbox {
+            request.headers_mut().insert(SANDBOX_ID_HEADER, id);
+        }
+    }
+    if request.headers().contains_key(SANDBOX_ID_HEADER) {
+        // Bodies here are streamed (uploads, Connect client streams), so an
+        // error answer may leave one unread: close the connection after it.
+        let response = match routers.sandbox.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        if response.status().is_client_error() || response.status().is_server_error() {
+            return close(response);
+        }
+        return response;
+    }
+    next.run(request).await
+}
+
+/// Marks an answer as the last on its connection.
+fn close(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    response
 }

@@ -1,0 +1,544 @@
+//! The e2b envd dialect against a real daemon, spoken byte for byte as the
+//! e2b Python SDK speaks it: Connect JSON (unary `application/json`,
+//! streams `application/connect+json` in hand-built envelopes), `/files`,
+//! `/health`, and the `E2b-Sandbox-Id` / `X-Access-Token` headers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::daemon::{Answer, TestDaemon};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+struct Sandbox<'a> {
+    daemon: &'a TestDaemon,
+    id: String,
+    token: String,
+}
+
+/// One envelope around `message`.
+fn envelope(flags: u8, message: &Value) -> Vec<u8> {
+    let body = message.to_string().into_bytes();
+    let mut out = vec![flags];
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// The envelopes of a stream answer.
+fn frames(bytes: &[u8]) -> Vec<(u8, Value)> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while rest.len() >= 5 {
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        out.push((rest[0], serde_json::from_slice(&rest[5..5 + len]).unwrap()));
+        rest = &rest[5 + len..];
+    }
+    assert!(rest.is_empty(), "trailing bytes in a stream");
+    out
+}
+
+fn b64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn unb64(text: &str) -> String {
+    use base64::Engine;
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+impl<'a> Sandbox<'a> {
+    fn new(daemon: &'a TestDaemon) -> Sandbox<'a> {
+        let created = daemon.create(json!({"timeout_s": 120}));
+        Sandbox {
+            daemon,
+            id: created["id"].as_str().unwrap().to_owned(),
+            token: created["access_token"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        content_type: Option<&str>,
+        extra: &[(&str, &str)],
+    ) -> Answer {
+        let mut headers = vec![
+            ("E2b-Sandbox-Id", self.id.as_str()),
+            ("E2b-Sandbox-Port", "49983"),
+            ("X-Access-Token", self.token.as_str()),
+            ("Connect-Protocol-Version", "1"),
+        ];
+        headers.extend_from_slice(extra);
+        self.daemon
+            .call_as(None, method, path, body, content_type, &headers)
+    }
+
+    fn unary(&self, rpc: &str, message: Value) -> Answer {
+        self.raw(
+            "POST",
+            &format!("/{rpc}"),
+            Some(message.to_string().as_bytes()),
+            Some("application/json"),
+            &[],
+        )
+    }
+
+    fn stream(
+        &self,
+        rpc: &str,
+        message: Value,
+        extra: &[(&str, &str)],
+    ) -> (Answer, Vec<(u8, Value)>) {
+        let answer = self.raw(
+            "POST",
+            &format!("/{rpc}"),
+            Some(&envelope(0, &message)),
+            Some("application/connect+json"),
+            extra,
+        );
+        let frames = if answer.status == 200 {
+            frames(&answer.body)
+        } else {
+            Vec::new()
+        };
+        (answer, frames)
+    }
+
+    /// Runs `bash -l -c cmd` as `commands.run` does: stdout, stderr, the end event.
+    fn run(&self, cmd: &str) -> (String, String, Value) {
+        let (answer, frames) = self.stream(
+            "process.Process/Start",
+            json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", cmd], "envs": {}}, "stdin": false}),
+            &[("Keepalive-Ping-Interval", "50"), ("Authorization", "Basic dXNlcjo=")],
+        );
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert_eq!(
+            answer.content_type.as_deref(),
+            Some("application/connect+json")
+        );
+        assert!(frames[0].1["event"]["start"]["pid"].as_u64().unwrap() > 0);
+        let (mut out, mut err, mut end) = (String::new(), String::new(), Value::Null);
+        for (flags, frame) in &frames[1..] {
+            if *flags == 2 {
+                assert_eq!(frame, &json!({}), "the stream ends well");
+                continue;
+            }
+            let event = &frame["event"];
+            if let Some(data) = event["data"]["stdout"].as_str() {
+                out.push_str(&unb64(data));
+            }
+            if let Some(data) = event["data"]["stderr"].as_str() {
+                err.push_str(&unb64(data));
+            }
+            if !event["end"].is_null() {
+                end = event["end"].clone();
+            }
+        }
+        assert_eq!(frames.last().unwrap().0, 2);
+        (out, err, end)
+    }
+}
+
+#[test]
+fn commands_run_with_output_exit_codes_stdin_list_and_signals() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+
+    let (out, err, end) = sbx.run("echo hello; echo oops >&2; exit 3");
+    assert_eq!((out.as_str(), err.as_str()), ("hello\n", "oops\n"));
+    assert_eq!(end["exitCode"], 3);
+    assert_eq!(end["exited"], true);
+    assert_eq!(end["status"], "exit status 3");
+
+    // Root through the Basic user, as the SDK sends `user="root"`.
+    let (_, frames) = sbx.stream(
+        "process.Process/Start",
+        json!({"process": {"cmd": "/usr/bin/id", "args": ["-u"]}}),
+        &[("Authorization", "Basic cm9vdDo=")],
+    );
+    let stdout = frames
+        .iter()
+        .find_map(|(_, f)| f["event"]["data"]["stdout"].as_str())
+        .unwrap();
+    assert_eq!(unb64(stdout), "0\n");
+
+    // A background `cat` fed by SendInput, ended by CloseStdin; found by
+    // pid in List, re-attached by Connect.
+    let started = std::thread::scope(|scope| {
+        let start = scope.spawn(|| {
+            sbx.stream(
+                "process.Process/Start",
+                json!({"process": {"cmd": "/bin/cat"}, "stdin": true, "tag": "feeder"}),
+                &[],
+            )
+        });
+        let mut pid = None;
+        assert!(TestDaemon::wait_for(Duration::from_secs(10), || {
+            let list = sbx.unary("process.Process/List", json!({}));
+            assert_eq!(list.status, 200, "{}", list.text());
+            pid = list.json()["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["tag"] == "feeder")
+                .map(|p| p["pid"].as_u64().unwrap());
+            pid.is_some()
+        }));
+        let pid = pid.unwrap();
+        let list = sbx.unary("process.Process/List", json!({})).json();
+        assert_eq!(list["processes"][0]["config"]["cmd"], "/bin/cat");
+        let sent = sbx.unary(
+            "process.Process/SendInput",
+            json!({"process": {"pid": pid}, "input": {"stdin": b64("piped\n")}}),
+        );
+        assert_eq!(sent.status, 200, "{}", sent.text());
+        assert_eq!(sent.json(), json!({}));
+        let closed = sbx.unary(
+            "process.Process/CloseStdin",
+            json!({"process": {"tag": "feeder"}}),
+        );
+        assert_eq!(closed.status, 200, "{}", closed.text());
+        start.join().unwrap()
+    });
+    let (answer, frames) = started;
+    assert_eq!(answer.status, 200);
+    let out: String = frames
+        .iter()
+        .filter_map(|(_, f)| f["event"]["data"]["stdout"].as_str())
+        .map(unb64)
+        .collect();
+    assert_eq!(out, "piped\n");
+    assert!(frames
+        .iter()
+        .any(|(_, f)| f["event"]["end"]["exitCode"] == 0));
+
+    // SendSignal SIGKILL ends a sleeper; its Start stream reports it.
+    let (answer, frames) = std::thread::scope(|scope| {
+        let start = scope.spawn(|| {
+            sbx.stream(
+                "process.Process/Start",
+                json!({"process": {"cmd": "/bin/sleep", "args": ["60"]}, "tag": "sleeper"}),
+                &[],
+            )
+        });
+        let mut pid = 0;
+        assert!(TestDaemon::wait_for(Duration::from_secs(10), || {
+            let list = sbx.unary("process.Process/List", json!({})).json();
+            if let Some(p) = list["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["tag"] == "sleeper")
+            {
+                pid = p["pid"].as_u64().unwrap();
+            }
+            pid > 0
+        }));
+        let signal = sbx.unary(
+            "process.Process/SendSignal",
+            json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+        );
+        assert_eq!(signal.status, 200, "{}", signal.text());
+        // Connect re-attaches to the (now ending) process by tag.
+        start.join().unwrap()
+    });
+    assert_eq!(answer.status, 200);
+    let end = frames
+        .iter()
+        .find_map(|(_, f)| f["event"].get("end").cloned())
+        .unwrap();
+    assert_eq!(end["exited"], false);
+    assert_eq!(end["status"], "signal: killed");
+
+    // A process that is not there: not_found, the SDK's "not killed".
+    let missing = sbx.unary(
+        "process.Process/SendSignal",
+        json!({"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"}),
+    );
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    assert_eq!(missing.code(), "not_found");
+
+    // PTY is refused clearly.
+    let (pty, _) = sbx.stream(
+        "process.Process/Start",
+        json!({"process": {"cmd": "/bin/bash"}, "pty": {"size": {"cols": 80, "rows": 24}}}),
+        &[],
+    );
+    assert_eq!(pty.status, 501);
+    assert_eq!(pty.code(), "unimplemented");
+}
+
+#[test]
+fn a_killed_sandbox_ends_a_running_command_with_an_error() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+    let (answer, frames) = std::thread::scope(|scope| {
+        let start = scope.spawn(|| {
+            sbx.stream(
+                "process.Process/Start",
+                json!({"process": {"cmd": "/bin/sleep", "args": ["60"]}}),
+                &[],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{}", sbx.id), None);
+        assert_eq!(deleted.status, 204);
+        start.join().unwrap()
+    });
+    assert_eq!(answer.status, 200);
+    let (flags, last) = frames.last().unwrap();
+    assert_eq!(*flags, 2);
+    assert!(last["error"]["code"].is_string(), "{last}");
+    let health = sbx.raw("GET", "/health", None, None, &[]);
+    assert_eq!(health.status, 502);
+}
+
+#[test]
+fn the_filesystem_round_trips_and_watches() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+    assert_eq!(sbx.raw("GET", "/health", None, None, &[]).status, 204);
+
+    let made = sbx.unary(
+        "filesystem.Filesystem/MakeDir",
+        json!({"path": "/home/user/d/e"}),
+    );
+    assert_eq!(made.status, 200, "{}", made.text());
+    assert_eq!(made.json()["entry"]["type"], "FILE_TYPE_DIRECTORY");
+    let again = sbx.unary(
+        "filesystem.Filesystem/MakeDir",
+        json!({"path": "/home/user/d/e"}),
+    );
+    assert_eq!(again.status, 409);
+    assert_eq!(again.code(), "already_exists");
+
+    // Upload (multipart, as the SDK's write) and download.
+    let body = b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/d/a.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhello file\r\n--b0undary--\r\n";
+    let up = sbx.raw(
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fd%2Fa.txt",
+        Some(body),
+        Some("multipart/form-data; boundary=b0undary"),
+        &[],
+    );
+    assert_eq!(up.status, 200, "{}", up.text());
+    assert_eq!(
+        up.json(),
+        json!([{"path": "/home/user/d/a.txt", "name": "a.txt", "type": "file"}])
+    );
+    let raw = sbx.raw(
+        "POST",
+        "/files?path=d%2Fraw.bin",
+        Some(b"\x00\x01"),
+        Some("application/octet-stream"),
+        &[],
+    );
+    assert_eq!(raw.status, 200, "{}", raw.text());
+    assert_eq!(raw.json()[0]["path"], "/home/user/d/raw.bin");
+    let down = sbx.raw(
+        "GET",
+        "/files?path=%2Fhome%2Fuser%2Fd%2Fa.txt&username=user",
+        None,
+        None,
+        &[],
+    );
+    assert_eq!(down.status, 200);
+    assert_eq!(down.body, b"hello file");
+    let missing = sbx.raw("GET", "/files?path=%2Fnope", None, None, &[]);
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.json()["code"], 404);
+
+    let stat = sbx
+        .unary(
+            "filesystem.Filesystem/Stat",
+            json!({"path": "/home/user/d/a.txt"}),
+        )
+        .json();
+    let entry = &stat["entry"];
+    assert_eq!(entry["name"], "a.txt");
+    assert_eq!(entry["type"], "FILE_TYPE_FILE");
+    assert_eq!(entry["size"], "10");
+    assert_eq!(entry["owner"], "user");
+    assert!(entry["permissions"].as_str().unwrap().starts_with("-rw"));
+    assert!(entry["modifiedTime"].as_str().unwrap().ends_with('Z'));
+
+    let list = sbx
+        .unary(
+            "filesystem.Filesystem/ListDir",
+            json!({"path": "/home/user/d", "depth": 2}),
+        )
+        .json();
+    let mut paths: Vec<&str> = list["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "/home/user/d/a.txt",
+            "/home/user/d/e",
+            "/home/user/d/raw.bin"
+        ]
+    );
+
+    let moved = sbx.unary(
+        "filesystem.Filesystem/Move",
+        json!({"source": "/home/user/d/a.txt", "destination": "/home/user/d/b.txt"}),
+    );
+    assert_eq!(moved.json()["entry"]["path"], "/home/user/d/b.txt");
+    assert_eq!(
+        sbx.unary(
+            "filesystem.Filesystem/Remove",
+            json!({"path": "/home/user/d/e"})
+        )
+        .status,
+        200
+    );
+    let gone = sbx.unary(
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user/d/e"}),
+    );
+    assert_eq!((gone.status, gone.code().as_str()), (404, "not_found"));
+
+    // Polled watcher.
+    let created = sbx.unary(
+        "filesystem.Filesystem/CreateWatcher",
+        json!({"path": "/home/user/d"}),
+    );
+    let watcher = created.json()["watcherId"].as_str().unwrap().to_owned();
+    daemon.sh(&sbx.id, "touch /home/user/d/polled");
+    let mut names = Vec::new();
+    assert!(TestDaemon::wait_for(Duration::from_secs(5), || {
+        let events = sbx
+            .unary(
+                "filesystem.Filesystem/GetWatcherEvents",
+                json!({"watcherId": watcher}),
+            )
+            .json();
+        names.extend(
+            events["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| (e["name"].clone(), e["type"].clone())),
+        );
+        names.contains(&(json!("polled"), json!("EVENT_TYPE_CREATE")))
+    }));
+    assert_eq!(
+        sbx.unary(
+            "filesystem.Filesystem/RemoveWatcher",
+            json!({"watcherId": watcher})
+        )
+        .status,
+        200
+    );
+    let after = sbx.unary(
+        "filesystem.Filesystem/GetWatcherEvents",
+        json!({"watcherId": watcher}),
+    );
+    assert_eq!(after.status, 404);
+
+    // WatchDir: start first, then the change; the call's timeout ends it.
+    let (answer, frames) = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| {
+            sbx.stream(
+                "filesystem.Filesystem/WatchDir",
+                json!({"path": "/home/user/d", "recursive": false}),
+                &[("Connect-Timeout-Ms", "2500")],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        daemon.sh(&sbx.id, "echo x > /home/user/d/streamed");
+        watch.join().unwrap()
+    });
+    assert_eq!(answer.status, 200);
+    assert_eq!(frames[0].1, json!({"start": {}}));
+    assert!(
+        frames
+            .iter()
+            .any(|(_, f)| f["filesystem"]
+                == json!({"name": "streamed", "type": "EVENT_TYPE_CREATE"})),
+        "{frames:?}"
+    );
+    assert_eq!(
+        frames.last().unwrap().1["error"]["code"],
+        "deadline_exceeded"
+    );
+}
+
+#[test]
+fn credentials_and_sandboxes_are_checked() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+    let other = Sandbox::new(&daemon);
+    let list = |id: &str, token: &str| {
+        daemon.call_as(
+            None,
+            "POST",
+            "/process.Process/List",
+            Some(b"{}"),
+            Some("application/json"),
+            &[("E2b-Sandbox-Id", id), ("X-Access-Token", token)],
+        )
+    };
+    assert_eq!(list(&sbx.id, &sbx.token).status, 200);
+    let wrong = list(&sbx.id, &other.token);
+    assert_eq!(
+        (wrong.status, wrong.code().as_str()),
+        (401, "unauthenticated")
+    );
+    let unknown = list("sbx-0123456789abcdef", &sbx.token);
+    assert_eq!(
+        (unknown.status, unknown.code().as_str()),
+        (404, "not_found")
+    );
+    // An API key works too.
+    let keyed = daemon.call_as(
+        Some(&daemon.key),
+        "POST",
+        "/process.Process/List",
+        Some(b"{}"),
+        Some("application/json"),
+        &[("E2b-Sandbox-Id", &sbx.id)],
+    );
+    assert_eq!(keyed.status, 200, "{}", keyed.text());
+    // The code interpreter's port is not served yet.
+    let interpreter = daemon.call_as(
+        None,
+        "POST",
+        "/execute",
+        Some(b"{}"),
+        Some("application/json"),
+        &[
+            ("E2b-Sandbox-Id", &sbx.id),
+            ("E2b-Sandbox-Port", "49999"),
+            ("X-Access-Token", &sbx.token),
+        ],
+    );
+    assert_eq!(
+        (interpreter.status, interpreter.code().as_str()),
+        (501, "unimplemented")
+    );
+    // Files without credentials need a valid signature.
+    let unsigned = daemon.call_as(
+        None,
+        "GET",
+        "/files?path=%2Fetc%2Fhostname&signature=v1_bad",
+        None,
+        None,
+        &[("E2b-Sandbox-Id", &sbx.id)],
+    );
+    assert_eq!(unsigned.status, 401);
+}

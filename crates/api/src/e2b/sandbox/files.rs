@@ -1,0 +1,666 @@
+//! envd's `/files`: download (`GET`, streamed) and upload (`POST`,
+//! `multipart/form-data` with one or more files, or
+//! `application/octet-stream`), both streamed through the daemon, whose
+//! uploads create parents and appear whole or not at all.
+//!
+//! Errors are envd's `{"code": <HTTP status>, "message"}`. A URL may be
+//! *signed* instead of carrying credentials, as the SDKs' `download_url`
+//! and `upload_url` make them: `signature=v1_<base64 of SHA-256 of
+//! "path:operation:username:access_token[:expiration]">`, with
+//! `signature_expiration` in Unix seconds when it expires.
+
+use super::{absolute, run_as, Target};
+use crate::error::ApiError;
+use crate::{Api, RequestId};
+use airlock_daemon::DaemonError;
+use airlock_policy::RunAs;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use base64::Engine;
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+/// An envd `/files` error answer.
+#[derive(Debug)]
+pub struct FilesError {
+    status: StatusCode,
+    message: String,
+}
+
+impl FilesError {
+    fn new(status: StatusCode, message: impl Into<String>) -> FilesError {
+        FilesError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn bad(message: impl Into<String>) -> FilesError {
+        FilesError::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl From<DaemonError> for FilesError {
+    fn from(e: DaemonError) -> FilesError {
+        if let DaemonError::NotRunning(id) = &e {
+            // As e2b's proxy answers for a sandbox that is gone.
+            return FilesError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("The sandbox {id} was not found"),
+            );
+        }
+        let api = ApiError::from(e);
+        FilesError::new(api.status, api.message)
+    }
+}
+
+impl IntoResponse for FilesError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+type Result<T> = std::result::Result<T, FilesError>;
+
+/// The query of `/files`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<i64>,
+}
+
+/// Whether a URL carries a signature (checked by the handler).
+pub fn is_signed(uri: &Uri) -> bool {
+    uri.query()
+        .is_some_and(|q| q.split('&').any(|p| p.starts_with("signature=")))
+}
+
+/// The signature of a file URL, as the SDKs compute it.
+fn signature(
+    path: &str,
+    operation: &str,
+    user: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
+    let raw = match expiration {
+        Some(at) => format!("{path}:{operation}:{user}:{token}:{at}"),
+        None => format!("{path}:{operation}:{user}:{token}"),
+    };
+    let digest = Sha256::digest(raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
+}
+
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// Checks the signature of a request that came without credentials.
+fn check_signature(
+    api: &Api,
+    id: &str,
+    query: &FilesQuery,
+    operation: &str,
+    credentialed: bool,
+) -> Result<()> {
+    if credentialed {
+        return Ok(());
+    }
+    let unauthorized = || {
+        FilesError::new(
+            StatusCode::UNAUTHORIZED,
+            "the URL's signature is not valid or has expired",
+        )
+    };
+    let given = query.signature.as_deref().ok_or_else(unauthorized)?;
+    if let Some(at) = query.signature_expiration {
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        if at < now {
+            return Err(unauthorized());
+        }
+    }
+    let token = api.daemon.access_token(id).ok_or_else(unauthorized)?;
+    let expected = signature(
+        query.path.as_deref().unwrap_or(""),
+        operation,
+        query.username.as_deref().unwrap_or(""),
+        &token,
+        query.signature_expiration,
+    );
+    if same(given, &expected) {
+        Ok(())
+    } else {
+        Err(unauthorized())
+    }
+}
+
+fn user_of(query: &FilesQuery) -> Result<Option<RunAs>> {
+    run_as(query.username.as_deref())
+        .map_err(|e| FilesError::new(StatusCode::UNAUTHORIZED, e.message))
+}
+
+fn resolve(path: &str, user: Option<RunAs>) -> Result<String> {
+    absolute(path, user).map_err(|e| FilesError::bad(e.message))
+}
+
+fn query_of(uri: &Uri) -> Result<FilesQuery> {
+    Query::<FilesQuery>::try_from_uri(uri)
+        .map(|Query(q)| q)
+        .map_err(|e| FilesError::bad(e.body_text()))
+}
+
+fn credentialed(response_caller: Option<&Extension<crate::auth::Caller>>) -> bool {
+    response_caller.is_some()
+}
+
+/// `GET /files`: the file's bytes.
+pub async fn download(
+    State(api): State<Api>,
+    Extension(target): Extension<Target>,
+    caller: Option<Extension<crate::auth::Caller>>,
+    request_id: Option<Extension<RequestId>>,
+    uri: Uri,
+) -> Response {
+    let answer: Result<Response> = async {
+        let query = query_of(&uri)?;
+        check_signature(
+            &api,
+            &target.id,
+            &query,
+            "read",
+            credentialed(caller.as_ref()),
+        )?;
+        let user = user_of(&query)?;
+        let path = resolve(
+            query
+                .path
+                .as_deref()
+                .ok_or_else(|| FilesError::bad("path is required"))?,
+            user,
+        )?;
+        let request_id = request_id.map(|Extension(r)| r.0).unwrap_or_default();
+        let reader = api.daemon.read_file(&target.id, &path, &request_id).await?;
+        let stream = futures_util::stream::unfold(reader, |mut reader| async move {
+            match reader.next_chunk().await? {
+                Ok(chunk) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(chunk)), reader)),
+                // Headers are gone: break the body off so the client sees
+                // a failed transfer, not a short file.
+                Err(e) => Some((Err(std::io::Error::other(e.to_string())), reader)),
+            }
+        });
+        let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
+        let mut response = (
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            Body::from_stream(stream),
+        )
+            .into_response();
+        if let Ok(value) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_DISPOSITION, value);
+        }
+        Ok(response)
+    }
+    .await;
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /files`: writes the uploaded file(s); answers the entries written.
+pub async fn upload(
+    State(api): State<Api>,
+    Extension(target): Extension<Target>,
+    caller: Option<Extension<crate::auth::Caller>>,
+    request_id: Option<Extension<RequestId>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let answer: Result<Response> = async {
+        let query = query_of(&uri)?;
+        check_signature(
+            &api,
+            &target.id,
+            &query,
+            "write",
+            credentialed(caller.as_ref()),
+        )?;
+        let user = user_of(&query)?;
+        let request_id = request_id.map(|Extension(r)| r.0).unwrap_or_default();
+        if headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"))
+        {
+            return Err(FilesError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "compressed uploads are not supported; upload without gzip",
+            ));
+        }
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let limit = api.daemon.config().max_upload_bytes;
+        let mut written = Vec::new();
+        let write = Writer {
+            api: &api,
+            id: &target.id,
+            user,
+            limit,
+            request_id: &request_id,
+        };
+        if let Some(boundary) = multipart_boundary(&content_type) {
+            let mut parts = Multipart::new(body, &boundary);
+            while let Some(part) = parts.next_part().await? {
+                let name = query
+                    .path
+                    .clone()
+                    .or(part.filename)
+                    .filter(|p| !p.is_empty())
+                    .ok_or_else(|| {
+                        FilesError::bad(
+                            "each file needs a path (the part's filename or the path parameter)",
+                        )
+                    })?;
+                let path = resolve(&name, user)?;
+                let data = futures_util::stream::unfold(&mut parts, |parts| async move {
+                    parts.next_chunk().await.map(|chunk| (chunk, parts))
+                });
+                written.push(write.write(path, Box::pin(data)).await?);
+            }
+        } else {
+            let essence = content_type
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            if essence != "application/octet-stream" && !essence.is_empty() {
+                return Err(FilesError::bad(
+                    "the body must be multipart/form-data or application/octet-stream",
+                ));
+            }
+            let path = resolve(
+                query.path.as_deref().ok_or_else(|| {
+                    FilesError::bad("path is required for an application/octet-stream upload")
+                })?,
+                user,
+            )?;
+            let data = body
+                .into_data_stream()
+                .map(|r| r.map_err(|e| e.to_string()));
+            written.push(write.write(path, Box::pin(data)).await?);
+        }
+        let entries: Vec<serde_json::Value> = written
+            .iter()
+            .map(|path| {
+                let name = path.rsplit('/').next().unwrap_or(path);
+                json!({"path": path, "name": name, "type": "file"})
+            })
+            .collect();
+        Ok((StatusCode::OK, Json(entries)).into_response())
+    }
+    .await;
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Writes uploaded files through the daemon.
+struct Writer<'a> {
+    api: &'a Api,
+    id: &'a str,
+    user: Option<RunAs>,
+    limit: u64,
+    request_id: &'a str,
+}
+
+impl Writer<'_> {
+    async fn write<S>(&self, path: String, data: S) -> Result<String>
+    where
+        S: Stream<Item = std::result::Result<Bytes, String>> + Unpin,
+    {
+        self.api
+            .daemon
+            .write_file(
+                self.id,
+                &path,
+                None,
+                self.user,
+                airlock_daemon::files::WriteMode::InPlace,
+                data,
+                self.limit,
+                self.request_id,
+            )
+            .await?;
+        Ok(path)
+    }
+}
+
+/// The boundary of a `multipart/form-data` content type.
+fn multipart_boundary(content_type: &str) -> Option<String> {
+    let mut parts = content_type.split(';');
+    if !parts
+        .next()?
+        .trim()
+        .eq_ignore_ascii_case("multipart/form-data")
+    {
+        return None;
+    }
+    parts.find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_owned())
+            .filter(|b| !b.is_empty() && b.len() <= 200)
+    })
+}
+
+/// Headers of one part of a multipart body.
+#[derive(Debug)]
+struct Part {
+    filename: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    /// Looking for the first delimiter.
+    Preamble,
+    /// Just past a delimiter: `--` ends the body, CRLF starts a part.
+    AfterDelimiter,
+    /// Inside a part's data.
+    Data,
+    /// Past the closing delimiter.
+    Done,
+}
+
+/// A streaming `multipart/form-data` reader: parts one after another, each
+/// part's data in chunks as the body arrives.
+struct Multipart<S> {
+    body: S,
+    buffer: BytesMut,
+    delimiter: Vec<u8>,
+    phase: Phase,
+    eof: bool,
+    /// Leading bytes of `buffer` already searched for what the current
+    /// phase looks for: a body sent in tiny chunks is scanned once, not
+    /// once per chunk.
+    searched: usize,
+}
+
+/// Largest header block of one part.
+const MAX_PART_HEADERS: usize = 16 << 10;
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// [`find`] from `*searched` on; on a miss, moves `*searched` to where the
+/// next search must start (a match may straddle the end).
+fn find_after(haystack: &[u8], needle: &[u8], searched: &mut usize) -> Option<usize> {
+    let from = (*searched).min(haystack.len());
+    match find(&haystack[from..], needle) {
+        Some(at) => {
+            *searched = 0;
+            Some(from + at)
+        }
+        None => {
+            *searched = haystack
+                .len()
+                .saturating_sub(needle.len().saturating_sub(1));
+            None
+        }
+    }
+}
+
+impl Multipart<axum::body::BodyDataStream> {
+    fn new(body: Body, boundary: &str) -> Self {
+        Multipart::over(body.into_data_stream(), boundary)
+    }
+}
+
+impl<S> Multipart<S> {
+    fn over(body: S, boundary: &str) -> Self {
+        let mut buffer = BytesMut::new();
+        // The first delimiter has no CRLF before it; lend it one.
+        buffer.extend_from_slice(b"\r\n");
+        Multipart {
+            body,
+            buffer,
+            delimiter: format!("\r\n--{boundary}").into_bytes(),
+            phase: Phase::Preamble,
+            eof: false,
+            searched: 0,
+        }
+    }
+}
+
+impl<S> Multipart<S>
+where
+    S: Stream<Item = std::result::Result<Bytes, axum::Error>> + Unpin,
+{
+    /// Reads more of the body; `false` at its end.
+    async fn fill(&mut self) -> Result<bool> {
+        if self.eof {
+            return Ok(false);
+        }
+        match self.body.next().await {
+            Some(Ok(bytes)) => {
+                self.buffer.extend_from_slice(&bytes);
+                Ok(true)
+            }
+            Some(Err(_)) => Err(FilesError::bad("the upload broke off")),
+            None => {
+                self.eof = true;
+                Ok(false)
+            }
+        }
+    }
+
+    fn truncated() -> FilesError {
+        FilesError::bad("the multipart body ends early")
+    }
+
+    /// The next part's headers; `None` after the last part. Data of the
+    /// current part that was not read is skipped.
+    async fn next_part(&mut self) -> Result<Option<Part>> {
+        loop {
+            match self.phase {
+                Phase::Done => return Ok(None),
+                Phase::Preamble => {
+                    match find_after(&self.buffer, &self.delimiter, &mut self.searched) {
+                        Some(at) => {
+                            self.buffer.advance(at + self.delimiter.len());
+                            self.phase = Phase::AfterDelimiter;
+                        }
+                        None => {
+                            if self.buffer.len() > MAX_PART_HEADERS {
+                                return Err(FilesError::bad("the multipart preamble is too long"));
+                            }
+                            if !self.fill().await? {
+                                return Err(Self::truncated());
+                            }
+                        }
+                    }
+                }
+                Phase::Data => {
+                    while self
+                        .next_chunk()
+                        .await
+                        .transpose()
+                        .map_err(FilesError::bad)?
+                        .is_some()
+                    {}
+                }
+                Phase::AfterDelimiter => {
+                    if self.buffer.len() < 2 {
+                        if !self.fill().await? {
+                            return Err(Self::truncated());
+                        }
+                        continue;
+                    }
+                    if self.buffer.starts_with(b"--") {
+                        self.phase = Phase::Done;
+                        return Ok(None);
+                    }
+                    let Some(end) = find_after(&self.buffer, b"\r\n\r\n", &mut self.searched)
+                    else {
+                        if self.buffer.len() > MAX_PART_HEADERS {
+                            return Err(FilesError::bad("a part's headers are too long"));
+                        }
+                        if !self.fill().await? {
+                            return Err(Self::truncated());
+                        }
+                        continue;
+                    };
+                    let block = self.buffer.split_to(end + 4);
+                    let text = String::from_utf8_lossy(&block);
+                    let filename = text.split("\r\n").find_map(|line| {
+                        let (name, value) = line.split_once(':')?;
+                        if !name.trim().eq_ignore_ascii_case("content-disposition") {
+                            return None;
+                        }
+                        disposition_filename(value)
+                    });
+                    self.phase = Phase::Data;
+                    return Ok(Some(Part { filename }));
+                }
+            }
+        }
+    }
+
+    /// The next chunk of the current part's data; `None` at its end.
+    async fn next_chunk(&mut self) -> Option<std::result::Result<Bytes, String>> {
+        loop {
+            if self.phase != Phase::Data {
+                return None;
+            }
+            if let Some(at) = find_after(&self.buffer, &self.delimiter, &mut self.searched) {
+                let chunk = self.buffer.split_to(at).freeze();
+                self.buffer.advance(self.delimiter.len());
+                self.phase = Phase::AfterDelimiter;
+                if chunk.is_empty() {
+                    return None;
+                }
+                return Some(Ok(chunk));
+            }
+            let keep = self.delimiter.len() - 1;
+            if self.buffer.len() > keep + (64 << 10) {
+                let chunk = self.buffer.split_to(self.buffer.len() - keep).freeze();
+                self.searched = 0;
+                return Some(Ok(chunk));
+            }
+            match self.fill().await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.phase = Phase::Done;
+                    return Some(Err("the multipart body ends early".into()));
+                }
+                Err(e) => {
+                    self.phase = Phase::Done;
+                    return Some(Err(e.message));
+                }
+            }
+        }
+    }
+}
+
+/// The `filename` of a Content-Disposition value.
+fn disposition_filename(value: &str) -> Option<String> {
+    value.split(';').find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        if !k.trim().eq_ignore_ascii_case("filename") {
+            return None;
+        }
+        let v = v.trim();
+        let v = v
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(v);
+        Some(v.replace("\\\"", "\"").replace("\\\\", "\\"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn parts_of(body: &[u8], cut: usize) -> Vec<(Option<String>, Vec<u8>)> {
+        let chunks: Vec<std::result::Result<Bytes, axum::Error>> = body
+            .chunks(cut)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        let mut multipart = Multipart::over(futures_util::stream::iter(chunks), "XyZ");
+        let mut out = Vec::new();
+        while let Some(part) = multipart.next_part().await.unwrap() {
+            let mut data = Vec::new();
+            while let Some(chunk) = multipart.next_chunk().await {
+                data.extend_from_slice(&chunk.unwrap());
+            }
+            out.push((part.filename, data));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn multipart_bodies_split_into_files_wherever_they_are_cut() {
+        let big = vec![b'\r'; 200_000];
+        let mut body = Vec::new();
+        body.extend_from_slice(b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/a.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhello\r\n--X\r\n");
+        body.extend_from_slice(
+            b"\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"b\"\r\n\r\n",
+        );
+        body.extend_from_slice(&big);
+        body.extend_from_slice(b"\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"empty\"\r\n\r\n\r\n--XyZ--\r\n");
+        for cut in [1, 7, 1000, body.len()] {
+            let parts = parts_of(&body, cut).await;
+            assert_eq!(parts.len(), 3, "cut {cut}");
+            assert_eq!(parts[0].0.as_deref(), Some("/home/user/a.txt"));
+            assert_eq!(parts[0].1, b"hello\r\n--X\r\n");
+            assert_eq!(parts[1].1, big);
+            assert_eq!(parts[2], (Some("empty".into()), Vec::new()));
+        }
+    }
+
+    #[test]
+    fn signatures_match_the_sdks() {
+        // Python: get_signature("/home/user/a.txt", "read", None, "tok")
+        let s = signature("/home/user/a.txt", "read", "", "tok", None);
+        let digest = Sha256::digest(b"/home/user/a.txt:read::tok");
+        let expected = format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD
+                .encode(digest)
+                .trim_end_matches('=')
+        );
+        assert_eq!(s, expected);
+        assert_ne!(s, signature("/home/user/a.txt", "write", "", "tok", None));
+        assert_ne!(s, signature("/home/user/a.txt", "read", "", "tok", Some(1)));
+        assert!(same(&s, &expected));
+        assert!(!same(&s, "v1_"));
+        assert_eq!(
+            multipart_boundary("multipart/form-data; boundary=\"abc\"").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(multipart_boundary("application/octet-stream"), None);
+    }
+}

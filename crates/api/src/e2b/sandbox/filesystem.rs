@@ -1,0 +1,348 @@
+//! `filesystem.Filesystem`: file operations in the sandbox, translated onto
+//! the daemon's (carried out by the agent inside). Entries are envd's
+//! `EntryInfo` in protobuf JSON: camelCase names, enums by name, `size` (an
+//! int64) as a string, `modifiedTime` as an RFC 3339 timestamp.
+
+use super::connect::{self, Code, ConnectError, StreamOptions};
+use super::{absolute, basic_user, Target};
+use crate::Api;
+use airlock_daemon::files::Change;
+use airlock_protocol::{FileInfo, FileKind, FsEventKind};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+type Result<T> = std::result::Result<T, ConnectError>;
+
+/// The requests of the service (each uses some of these fields).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct FsRequest {
+    path: String,
+    source: String,
+    destination: String,
+    depth: u32,
+    recursive: bool,
+    #[serde(alias = "include_entry")]
+    include_entry: bool,
+    #[serde(alias = "watcher_id")]
+    watcher_id: String,
+}
+
+/// Serves `POST /filesystem.Filesystem/{method}`.
+pub async fn call(
+    State(api): State<Api>,
+    Extension(target): Extension<Target>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let id = target.id.as_str();
+    let answer = if method == "WatchDir" {
+        watch_dir(&api, id, &headers, body).await
+    } else {
+        unary(&api, id, &method, &headers, body).await
+    };
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn unary(
+    api: &Api,
+    id: &str,
+    method: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let known = [
+        "Stat",
+        "MakeDir",
+        "Move",
+        "ListDir",
+        "Remove",
+        "CreateWatcher",
+        "GetWatcherEvents",
+        "RemoveWatcher",
+    ];
+    if !known.contains(&method) {
+        return Err(ConnectError::unimplemented(format!(
+            "filesystem.Filesystem has no method {method}"
+        )));
+    }
+    let request: FsRequest = connect::unary_request(headers, body).await?;
+    let user = basic_user(headers)?;
+    let daemon = &api.daemon;
+    let answer = match method {
+        "Stat" => {
+            let path = absolute(&request.path, user)?;
+            json!({"entry": entry(&daemon.stat(id, &path).await?)})
+        }
+        "MakeDir" => {
+            let path = absolute(&request.path, user)?;
+            if daemon.stat(id, &path).await.is_ok() {
+                return Err(ConnectError::new(
+                    Code::AlreadyExists,
+                    format!("{path} exists already"),
+                ));
+            }
+            daemon.make_dir(id, &path, true, user).await?;
+            json!({"entry": entry(&daemon.stat(id, &path).await?)})
+        }
+        "Move" => {
+            let from = absolute(&request.source, user)?;
+            let to = absolute(&request.destination, user)?;
+            json!({"entry": entry(&daemon.move_path(id, &from, &to).await?)})
+        }
+        "ListDir" => {
+            let path = absolute(&request.path, user)?;
+            let entries = daemon.list_dir(id, &path, request.depth.max(1)).await?;
+            json!({"entries": entries.iter().map(entry).collect::<Vec<_>>()})
+        }
+        "Remove" => {
+            let path = absolute(&request.path, user)?;
+            daemon.remove(id, &path, true, "").await?;
+            json!({})
+        }
+        "CreateWatcher" => {
+            let path = absolute(&request.path, user)?;
+            let watcher_id = daemon.create_watcher(id, &path, request.recursive).await?;
+            json!({"watcherId": format!("{watcher_id}:{path}")})
+        }
+        "GetWatcherEvents" => {
+            // The id carries the watched directory, so names can be made
+            // relative to it without keeping anything here.
+            let (watcher_id, dir) = request
+                .watcher_id
+                .split_once(':')
+                .ok_or_else(|| ConnectError::new(Code::NotFound, "no such watcher"))?;
+            let polls = daemon.watcher_changes(id, watcher_id)?;
+            let events: Vec<Value> = polls
+                .changes
+                .iter()
+                .filter(|change| !is_upload_temp(&change.path))
+                .map(|change| fs_event(dir, change, None))
+                .collect();
+            json!({ "events": events })
+        }
+        _ => {
+            let watcher_id = request
+                .watcher_id
+                .split_once(':')
+                .map_or(request.watcher_id.as_str(), |(w, _)| w);
+            daemon.remove_watcher(id, watcher_id)?;
+            json!({})
+        }
+    };
+    Ok(connect::unary_response(&answer))
+}
+
+async fn watch_dir(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
+    let request: FsRequest = connect::stream_request(headers, body).await?;
+    let user = basic_user(headers)?;
+    let dir = absolute(&request.path, user)?;
+    let deadline = connect::timeout(headers)?;
+    let watcher = api.daemon.watch(id, &dir, request.recursive).await?;
+    let start = futures_util::stream::once(async { Ok(json!({"start": {}})) });
+    let daemon = api.daemon.clone();
+    let id = id.to_owned();
+    let include_entry = request.include_entry;
+    let changes = futures_util::stream::unfold(Some(watcher), move |watcher| {
+        let daemon = daemon.clone();
+        let id = id.clone();
+        let dir = dir.clone();
+        async move {
+            let mut watcher = watcher?;
+            let mut next = watcher.next().await;
+            while matches!(&next, Some(Ok(change)) if is_upload_temp(&change.path)) {
+                next = watcher.next().await;
+            }
+            match next {
+                Some(Ok(change)) => {
+                    let info = if include_entry && change.kind != FsEventKind::Remove {
+                        daemon.stat(&id, &change.path).await.ok()
+                    } else {
+                        None
+                    };
+                    let event = fs_event(&dir, &change, info.as_ref());
+                    Some((Ok(json!({ "filesystem": event })), Some(watcher)))
+                }
+                Some(Err(e)) => Some((Err(ConnectError::from(e)), None)),
+                None => Some((
+                    Err(ConnectError::new(
+                        Code::Unavailable,
+                        format!("The sandbox {id} was not found, or the watch ended"),
+                    )),
+                    None,
+                )),
+            }
+        }
+    });
+    Ok(connect::stream_response(
+        Box::pin(futures_util::StreamExt::chain(start, changes)),
+        StreamOptions {
+            keepalive: connect::keepalive_interval(headers)
+                .map(|every| (every, json!({"keepalive": {}}))),
+            deadline,
+        },
+    ))
+}
+
+/// Whether `path` is the temporary name of an upload in progress (the
+/// daemon writes uploads beside their target and renames them into place);
+/// envd has none, so their events are not shown.
+fn is_upload_temp(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|name| name.starts_with('.') && name.contains(".airlock-upload-"))
+}
+
+/// A `FilesystemEvent`; `name` is relative to the watched directory.
+fn fs_event(dir: &str, change: &Change, info: Option<&FileInfo>) -> Value {
+    let prefix = format!("{}/", dir.trim_end_matches('/'));
+    let name = change
+        .path
+        .strip_prefix(&prefix)
+        .unwrap_or(&change.path)
+        .to_owned();
+    let kind = match change.kind {
+        FsEventKind::Create => "EVENT_TYPE_CREATE",
+        FsEventKind::Write => "EVENT_TYPE_WRITE",
+        FsEventKind::Remove => "EVENT_TYPE_REMOVE",
+        FsEventKind::Rename => "EVENT_TYPE_RENAME",
+        FsEventKind::Chmod => "EVENT_TYPE_CHMOD",
+    };
+    let mut event = json!({"name": name, "type": kind});
+    if let Some(info) = info {
+        event["entry"] = entry(info);
+    }
+    event
+}
+
+/// The name of a uid or gid inside the sandbox.
+fn account(id: u32) -> String {
+    match id {
+        0 => "root".into(),
+        1000 => "user".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Permission bits as Go's `FileMode.String` writes them (`drwxr-xr-x`).
+fn permissions(kind: FileKind, mode: u32) -> String {
+    let mut text = String::with_capacity(10);
+    text.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'L',
+        _ => '-',
+    });
+    for shift in [6u32, 3, 0] {
+        let bits = (mode >> shift) & 0o7;
+        text.push(if bits & 4 != 0 { 'r' } else { '-' });
+        text.push(if bits & 2 != 0 { 'w' } else { '-' });
+        text.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    text
+}
+
+fn timestamp(ns: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ns))
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// An `EntryInfo`.
+pub fn entry(info: &FileInfo) -> Value {
+    let kind = match info.kind {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+    };
+    let mut value = json!({
+        "name": info.name,
+        "type": kind,
+        "path": info.path,
+        "size": info.size.to_string(),
+        "mode": info.mode & 0o7777,
+        "permissions": permissions(info.kind, info.mode),
+        "owner": account(info.uid),
+        "group": account(info.gid),
+        "modifiedTime": timestamp(info.mtime_ns),
+    });
+    if info.kind == FileKind::Symlink {
+        value["isSymlink"] = json!(true);
+    }
+    if let Some(target) = &info.symlink_target {
+        value["symlinkTarget"] = json!(target);
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(kind: FileKind) -> FileInfo {
+        FileInfo {
+            path: "/home/user/a.txt".into(),
+            name: "a.txt".into(),
+            kind,
+            size: 12,
+            mode: 0o644,
+            uid: 1000,
+            gid: 1000,
+            mtime_ns: 1_700_000_000_123_000_000,
+            symlink_target: None,
+        }
+    }
+
+    #[test]
+    fn entries_are_envd_entry_infos() {
+        let value = entry(&info(FileKind::File));
+        assert_eq!(
+            value,
+            json!({"name": "a.txt", "type": "FILE_TYPE_FILE", "path": "/home/user/a.txt",
+                   "size": "12", "mode": 420, "permissions": "-rw-r--r--", "owner": "user",
+                   "group": "user", "modifiedTime": "2023-11-14T22:13:20.123Z"})
+        );
+        let mut dir = info(FileKind::Dir);
+        dir.mode = 0o755;
+        assert_eq!(entry(&dir)["permissions"], "drwxr-xr-x");
+        let mut link = info(FileKind::Symlink);
+        link.symlink_target = Some("/etc".into());
+        let link = entry(&link);
+        assert_eq!(link["type"], "FILE_TYPE_SYMLINK");
+        assert_eq!(link["isSymlink"], true);
+        assert_eq!(link["symlinkTarget"], "/etc");
+    }
+
+    #[test]
+    fn events_name_paths_under_the_watched_directory() {
+        let change = Change {
+            kind: FsEventKind::Create,
+            path: "/home/user/d/sub/f".into(),
+        };
+        assert_eq!(
+            fs_event("/home/user/d/", &change, None),
+            json!({"name": "sub/f", "type": "EVENT_TYPE_CREATE"})
+        );
+    }
+
+    #[test]
+    fn requests_take_camel_and_snake_case() {
+        let a: FsRequest = connect::decode(br#"{"watcherId":"w-1:/x"}"#).unwrap();
+        let b: FsRequest = connect::decode(br#"{"watcher_id":"w-1:/x"}"#).unwrap();
+        assert_eq!(a.watcher_id, b.watcher_id);
+        let c: FsRequest =
+            connect::decode(br#"{"path":"/a","depth":2,"includeEntry":true}"#).unwrap();
+        assert!(c.include_entry);
+        assert_eq!(c.depth, 2);
+    }
+}

@@ -1,0 +1,88 @@
+// The core calls of the e2b JS SDK against a real airlock daemon:
+// Sandbox.create, commands.run, files.write/read, kill, and a wrong key.
+//
+// Run by crates/airlock/tests/e2b_sdk.rs with `node --test`, which sets
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. The SDK is the pinned one
+// scripts/deps installs in /opt/airlock/e2b-js (E2B_JS_DIR to use another);
+// only node's own test runner and assert are used.
+import { test, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
+import { join } from 'node:path'
+
+for (const name of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY']) {
+  if (!process.env[name]) {
+    throw new Error(`${name} is not set: run through cargo test -p airlock --test e2b_sdk`)
+  }
+}
+const sdkDir = process.env.E2B_JS_DIR || '/opt/airlock/e2b-js'
+const require = createRequire(join(sdkDir, 'package.json'))
+const { Sandbox, CommandExitError, AuthenticationError, NotFoundError } = require('e2b')
+
+const WRONG_KEY = 'e2b_' + '0'.repeat(40)
+const created = []
+
+async function make(opts = {}) {
+  const sbx = await Sandbox.create('base', { timeoutMs: 120_000, ...opts })
+  created.push(sbx.sandboxId)
+  return sbx
+}
+
+after(async () => {
+  for (const id of created) {
+    try {
+      await Sandbox.kill(id)
+    } catch {}
+  }
+})
+
+test('create with metadata and envs, getInfo', { timeout: 60_000 }, async () => {
+  const sbx = await make({ metadata: { suite: 'js' }, envs: { JS_GREETING: 'hi js' } })
+  assert.ok(sbx.sandboxId)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.metadata.suite, 'js')
+  assert.equal(info.state, 'running')
+  const result = await sbx.commands.run('echo $JS_GREETING')
+  assert.equal(result.stdout, 'hi js\n')
+})
+
+test('commands.run: output, exit codes, cwd, user', { timeout: 60_000 }, async () => {
+  const sbx = await make()
+  const result = await sbx.commands.run('echo out; echo err >&2')
+  assert.equal(result.stdout, 'out\n')
+  assert.equal(result.stderr, 'err\n')
+  assert.equal(result.exitCode, 0)
+  await assert.rejects(sbx.commands.run('exit 3'), (e) => {
+    assert.ok(e instanceof CommandExitError, `${e?.constructor?.name}: ${e}`)
+    assert.equal(e.exitCode, 3)
+    return true
+  })
+  assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
+  assert.equal((await sbx.commands.run('whoami', { user: 'root' })).stdout, 'root\n')
+  assert.equal((await sbx.commands.run('whoami')).stdout, 'user\n')
+  const handle = await sbx.commands.run('sleep 1; echo bg', { background: true })
+  assert.equal((await handle.wait()).stdout, 'bg\n')
+})
+
+test('files.write and files.read', { timeout: 60_000 }, async () => {
+  const sbx = await make()
+  await sbx.files.write('/home/user/js.txt', 'from js\n')
+  assert.equal(await sbx.files.read('/home/user/js.txt'), 'from js\n')
+  const bytes = new Uint8Array([0, 1, 2, 255])
+  await sbx.files.write('/home/user/js.bin', bytes.buffer)
+  const back = await sbx.files.read('/home/user/js.bin', { format: 'bytes' })
+  assert.deepEqual(Array.from(back), [0, 1, 2, 255])
+  assert.equal((await sbx.commands.run('cat /home/user/js.txt')).stdout, 'from js\n')
+})
+
+test('kill', { timeout: 60_000 }, async () => {
+  const sbx = await make()
+  await sbx.kill()
+  await assert.rejects(Sandbox.getInfo(sbx.sandboxId), NotFoundError)
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+})
+
+test('a wrong API key is an AuthenticationError', { timeout: 60_000 }, async () => {
+  await assert.rejects(Sandbox.create('base', { apiKey: WRONG_KEY, timeoutMs: 30_000 }), AuthenticationError)
+})

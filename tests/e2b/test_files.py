@@ -1,0 +1,194 @@
+"""files: write/read (text, bytes), write_files, list with depth, exists,
+get_info, make_dir, rename, remove, watch_dir, signed upload/download URLs."""
+
+import time
+import urllib.request
+
+import pytest
+
+from e2b import FileType, FilesystemEventType, NotFoundException
+
+
+def test_write_read_text(sandbox):
+    info = sandbox.files.write("/home/user/hello.txt", "hello\nworld\n")
+    assert info.path == "/home/user/hello.txt"
+    assert sandbox.files.read("/home/user/hello.txt") == "hello\nworld\n"
+    # The file is really there, owned by user.
+    assert sandbox.commands.run("cat /home/user/hello.txt").stdout == "hello\nworld\n"
+    assert sandbox.commands.run("stat -c %U /home/user/hello.txt").stdout == "user\n"
+
+
+def test_write_read_bytes(sandbox):
+    data = bytes(range(256)) * 1000
+    sandbox.files.write("/tmp/blob.bin", data)
+    assert sandbox.files.read("/tmp/blob.bin", format="bytes") == data
+
+
+def test_write_creates_parent_dirs(sandbox):
+    sandbox.files.write("/home/user/a/b/c.txt", "deep")
+    assert sandbox.files.read("/home/user/a/b/c.txt") == "deep"
+
+
+def test_write_files_multiple(sandbox):
+    infos = sandbox.files.write_files(
+        [
+            {"path": "/home/user/m/one.txt", "data": "1"},
+            {"path": "/home/user/m/two.bin", "data": b"\x00\x02"},
+        ]
+    )
+    assert sorted(i.path for i in infos) == ["/home/user/m/one.txt", "/home/user/m/two.bin"]
+    assert sandbox.files.read("/home/user/m/one.txt") == "1"
+    assert sandbox.files.read("/home/user/m/two.bin", format="bytes") == b"\x00\x02"
+
+
+def test_write_as_root(sandbox):
+    sandbox.files.write("/tmp/root-file.txt", "root", user="root")
+    assert sandbox.commands.run("stat -c %U /tmp/root-file.txt").stdout == "root\n"
+    assert sandbox.files.read("/tmp/root-file.txt", user="root") == "root"
+
+
+def test_read_missing_is_not_found(sandbox):
+    with pytest.raises(NotFoundException):
+        sandbox.files.read("/home/user/does-not-exist")
+
+
+def test_list_with_depth(sandbox):
+    sandbox.files.write("/home/user/tree/a.txt", "a")
+    sandbox.files.write("/home/user/tree/sub/b.txt", "bb")
+    top = sandbox.files.list("/home/user/tree")
+    assert sorted(e.name for e in top) == ["a.txt", "sub"]
+    by_name = {e.name: e for e in top}
+    assert by_name["a.txt"].type == FileType.FILE
+    assert by_name["sub"].type == FileType.DIR
+    assert by_name["a.txt"].path == "/home/user/tree/a.txt"
+    deep = sandbox.files.list("/home/user/tree", depth=2)
+    assert sorted(e.path for e in deep) == [
+        "/home/user/tree/a.txt",
+        "/home/user/tree/sub",
+        "/home/user/tree/sub/b.txt",
+    ]
+
+
+def test_exists(sandbox):
+    sandbox.files.write("/home/user/here.txt", "x")
+    assert sandbox.files.exists("/home/user/here.txt")
+    assert sandbox.files.exists("/home/user")
+    assert not sandbox.files.exists("/home/user/not-here.txt")
+
+
+def test_get_info(sandbox):
+    sandbox.files.write("/home/user/info.txt", "12345")
+    info = sandbox.files.get_info("/home/user/info.txt")
+    assert info.name == "info.txt"
+    assert info.path == "/home/user/info.txt"
+    assert info.type == FileType.FILE
+    assert info.size == 5
+    assert info.owner == "user"
+    d = sandbox.files.get_info("/home/user")
+    assert d.type == FileType.DIR
+    with pytest.raises(NotFoundException):
+        sandbox.files.get_info("/home/user/nope")
+
+
+def test_make_dir(sandbox):
+    assert sandbox.files.make_dir("/home/user/newdir/nested") is True
+    assert sandbox.files.get_info("/home/user/newdir/nested").type == FileType.DIR
+    # It exists already: False.
+    assert sandbox.files.make_dir("/home/user/newdir/nested") is False
+
+
+def test_rename(sandbox):
+    sandbox.files.write("/home/user/old.txt", "moved")
+    info = sandbox.files.rename("/home/user/old.txt", "/home/user/new.txt")
+    assert info.path == "/home/user/new.txt"
+    assert sandbox.files.read("/home/user/new.txt") == "moved"
+    assert not sandbox.files.exists("/home/user/old.txt")
+
+
+def test_remove(sandbox):
+    sandbox.files.write("/home/user/gone/file.txt", "x")
+    sandbox.files.remove("/home/user/gone/file.txt")
+    assert not sandbox.files.exists("/home/user/gone/file.txt")
+    sandbox.files.remove("/home/user/gone")
+    assert not sandbox.files.exists("/home/user/gone")
+
+
+def _watch_for(handle, name, wanted, seconds=10):
+    """The events of `handle` until `name` has had every type in `wanted`."""
+    events = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        events.extend(handle.get_new_events())
+        if wanted <= {e.type for e in events if e.name == name}:
+            break
+        time.sleep(0.2)
+    return events
+
+
+@pytest.mark.deadline(60)
+def test_watch_dir(sandbox):
+    sandbox.files.make_dir("/home/user/watched")
+    handle = sandbox.files.watch_dir("/home/user/watched")
+    try:
+        sandbox.commands.run("echo x > /home/user/watched/new.txt")
+        sandbox.commands.run("rm /home/user/watched/new.txt")
+        wanted = {FilesystemEventType.CREATE, FilesystemEventType.REMOVE}
+        events = _watch_for(handle, "new.txt", wanted)
+        assert wanted <= {e.type for e in events if e.name == "new.txt"}, events
+    finally:
+        handle.stop()
+
+
+@pytest.mark.deadline(60)
+def test_watch_dir_sees_files_write_as_create(sandbox):
+    # e2b's envd writes in place: a watcher sees CREATE (and WRITE) for the
+    # name written, not a temporary file renamed over it.
+    sandbox.files.make_dir("/home/user/watched2")
+    handle = sandbox.files.watch_dir("/home/user/watched2")
+    try:
+        sandbox.files.write("/home/user/watched2/new.txt", "x")
+        events = _watch_for(handle, "new.txt", {FilesystemEventType.CREATE})
+        assert FilesystemEventType.CREATE in {e.type for e in events if e.name == "new.txt"}, events
+    finally:
+        handle.stop()
+
+
+def test_signed_download_url(sandbox):
+    sandbox.files.write("/home/user/dl.txt", "downloaded")
+    url = sandbox.download_url("/home/user/dl.txt")
+    assert "signature=" in url, url
+    with urllib.request.urlopen(_request(sandbox, url), timeout=30) as response:
+        assert response.read() == b"downloaded"
+    # A tampered signature is refused.
+    bad = url.replace("signature=", "signature=x")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(_request(sandbox, bad), timeout=30)
+    assert raised.value.code in (401, 403)
+
+
+def test_signed_upload_url(sandbox):
+    url = sandbox.upload_url("/home/user/up.txt")
+    assert "signature=" in url, url
+    boundary = "airlockboundary"
+    body = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="up.txt"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+        "uploaded\r\n"
+        f"--{boundary}--\r\n"
+    ).encode()
+    request = _request(sandbox, url, data=body, method="POST")
+    request.add_header("Content-Type", f"multipart/form-data; boundary={boundary}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    assert sandbox.files.read("/home/user/up.txt") == "uploaded"
+
+
+def _request(sandbox, url, data=None, method="GET"):
+    """A plain HTTP request to a signed URL, with only the routing headers a
+    proxy in front of e2b would add (no access token: the signature is the
+    credential)."""
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("E2b-Sandbox-Id", sandbox.sandbox_id)
+    request.add_header("E2b-Sandbox-Port", "49983")
+    return request
