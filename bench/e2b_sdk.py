@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Benchmark of the e2b dialect through the unmodified Python SDK.
+
+Run it with the pinned SDK venv that scripts/deps installs:
+
+    sudo /opt/airlock/e2b-latest/bin/python bench/e2b_sdk.py [--airlock PATH] [-n 50]
+
+Starts a private daemon (fresh data directory, a free port), points the SDK
+at it with E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY, and measures:
+
+ 1. Sandbox.create() + commands.run("true") + kill(): p50/p99 (target
+    <= 15 / 40 ms on the process tier);
+ 2. commands.run("true") on a live sandbox: p50/p99 (target p50 <= 3 ms);
+ 3. a 100 MiB files.write then files.read: MiB/s each way (target >= 500).
+
+A miss is printed as a miss; the exit code is 0 unless something failed.
+Every sandbox is killed and the daemon stopped at the end.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+MIB = 1024 * 1024
+
+
+def percentile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def start_daemon(airlock):
+    tmp = tempfile.mkdtemp(prefix="airlock-e2b-bench-")
+    data = os.path.join(tmp, "data")
+    log_path = os.path.join(tmp, "daemon.log")
+    log = open(log_path, "wb")
+    daemon = subprocess.Popen(
+        [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", data],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        env=dict(os.environ, AIRLOCK_LOG="warn"))
+    deadline = time.monotonic() + 20
+    while True:
+        with open(log_path, "rb") as f:
+            m = re.search(rb"serving on (http://[0-9.]+:\d+)", f.read())
+        if m:
+            break
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"the daemon did not start; see {log_path}")
+        time.sleep(0.02)
+    with open(os.path.join(data, "admin.key")) as f:
+        key = f.read().strip()
+    return daemon, tmp, m.group(1).decode(), key
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    default = "target/x86_64-unknown-linux-gnu/release/airlock"
+    parser.add_argument("--airlock", default=default if os.path.exists(default) else "airlock")
+    parser.add_argument("-n", type=int, default=50, help="cycles and runs per measurement")
+    parser.add_argument("--mib", type=int, default=100, help="size of the file transfer")
+    args = parser.parse_args()
+
+    daemon, tmp, url, key = start_daemon(args.airlock)
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+    for name in ("E2B_DEBUG", "E2B_DOMAIN", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        os.environ.pop(name, None)
+    from e2b import Sandbox  # after the environment is set
+
+    live = []
+    try:
+        cycles, creates, runs, kills = [], [], [], []
+        for _ in range(args.n + 3):
+            t0 = time.perf_counter()
+            sbx = Sandbox.create()
+            live.append(sbx)
+            t1 = time.perf_counter()
+            sbx.commands.run("true")
+            t2 = time.perf_counter()
+            sbx.kill()
+            live.remove(sbx)
+            t3 = time.perf_counter()
+            cycles.append((t3 - t0) * 1000)
+            creates.append((t1 - t0) * 1000)
+            runs.append((t2 - t1) * 1000)
+            kills.append((t3 - t2) * 1000)
+        # The first cycles warm the SDK's connection pools: leave them out.
+        cycles, creates, runs, kills = (x[3:] for x in (cycles, creates, runs, kills))
+
+        sbx = Sandbox.create()
+        live.append(sbx)
+        sbx.commands.run("true")
+        rtt = []
+        for _ in range(args.n):
+            t0 = time.perf_counter()
+            sbx.commands.run("true")
+            rtt.append((time.perf_counter() - t0) * 1000)
+
+        payload = os.urandom(MIB) * args.mib
+        t0 = time.perf_counter()
+        sbx.files.write("/tmp/big.bin", payload)
+        up = args.mib / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        back = sbx.files.read("/tmp/big.bin", format="bytes")
+        down = args.mib / (time.perf_counter() - t0)
+        if bytes(back) != payload:
+            sys.exit("the downloaded file differs from the upload")
+    finally:
+        for sbx in live:
+            try:
+                sbx.kill()
+            except Exception:  # noqa: BLE001 - cleanup must go on
+                pass
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def row(name, values, target=None, p50_target=None):
+        p50, p99 = statistics.median(values), percentile(values, 99)
+        verdict = ""
+        if target:
+            verdict = "PASS" if p50 <= target[0] and p99 <= target[1] else "MISS"
+        if p50_target:
+            verdict = "PASS" if p50 <= p50_target else "MISS"
+        print(f"{name:<44} p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  {verdict}")
+
+    print(f"e2b SDK benchmark against {args.airlock} ({args.n} runs each)")
+    row("create + run('true') + kill", cycles, target=(15, 40))
+    row("  create", creates)
+    row("  run('true')", runs)
+    row("  kill", kills)
+    row("commands.run('true') on a live sandbox", rtt, p50_target=3)
+    for name, rate in (("upload (files.write)", up), ("download (files.read)", down)):
+        print(f"{name:<44} {rate:7.0f} MiB/s ({args.mib} MiB)  {'PASS' if rate >= 500 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
