@@ -67,13 +67,14 @@ def main():
     args = parser.parse_args()
 
     daemon, tmp, url, key = start_daemon(args.airlock)
-    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
-    for name in ("E2B_DEBUG", "E2B_DOMAIN", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
-        os.environ.pop(name, None)
-    from e2b import Sandbox  # after the environment is set
-
     live = []
     try:
+        os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_API_KEY=key)
+        for name in ("E2B_DEBUG", "E2B_DOMAIN", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+                     "https_proxy"):
+            os.environ.pop(name, None)
+        from e2b import Sandbox  # after the environment is set
+
         cycles, creates, runs, kills = [], [], [], []
         for _ in range(args.n + 3):
             t0 = time.perf_counter()
