@@ -38,7 +38,7 @@ impl Caller {
     /// caller may not see answer the same 404.
     pub fn may_use(&self, daemon: &Daemon, id: &str) -> Result<(), ApiError> {
         match self {
-            Caller::Key(key) => daemon.get(key, id).map(|_| ()).map_err(ApiError::from),
+            Caller::Key(key) => daemon.visible(key, id).map_err(ApiError::from),
             Caller::Sandbox(own) if own == id => Ok(()),
             Caller::Sandbox(_) => Err(ApiError::not_found(format!("no sandbox {id}"))),
         }

@@ -185,33 +185,42 @@ fn is_streamed_upload(request: &Request) -> bool {
 /// connection (saying so), as does any error answer to an upload.
 async fn read_whole_body(request: Request, next: Next) -> Response {
     if is_streamed_upload(&request) {
-        let mut response = next.run(request).await;
+        let response = next.run(request).await;
         if response.status().is_client_error() || response.status().is_server_error() {
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return closing(response);
         }
         return response;
     }
+    match buffered(request).await {
+        Ok(request) => next.run(request).await,
+        Err(too_large) => too_large,
+    }
+}
+
+/// The request with its body read whole (up to [`MAX_JSON_BYTES`]), or the
+/// 413 answer that closes the connection.
+pub(crate) async fn buffered(request: Request) -> Result<Request, Response> {
     let (parts, body) = request.into_parts();
     match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
-                .await
-        }
-        Err(_) => {
-            let mut response = error::ApiError::new(
+        Ok(bytes) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Err(_) => Err(closing(
+            error::ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "the body is larger than 1 MiB",
             )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            response
-        }
+            .into_response(),
+        )),
     }
+}
+
+/// Marks an answer as the last on its connection (its request body may be
+/// unread).
+pub(crate) fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// Routes that need no credentials.

@@ -252,15 +252,19 @@ pub struct SandboxView {
     pub expires_at: String,
 }
 
-/// Unix milliseconds as RFC 3339 (UTC).
+/// Unix milliseconds as RFC 3339 (UTC); empty if out of range.
 pub fn rfc3339(ms: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+    rfc3339_ns(i128::from(ms) * 1_000_000).unwrap_or_default()
+}
+
+/// Unix nanoseconds as RFC 3339 (UTC), keeping the fraction.
+pub fn rfc3339_ns(ns: i128) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(ns)
         .ok()
         .and_then(|t| {
             t.format(&time::format_description::well_known::Rfc3339)
                 .ok()
         })
-        .unwrap_or_default()
 }
 
 impl SandboxView {

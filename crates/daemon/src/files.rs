@@ -5,22 +5,12 @@
 //! Uploads are written to a temporary name beside the target and renamed
 //! into place once complete, so a failed or oversized upload leaves no file.
 
-use crate::{Daemon, DaemonError};
+use crate::{closed, identity, unexpected, Daemon, DaemonError};
 use airlock_policy::RunAs;
-use airlock_protocol::{
-    ClientError, Event, Events, FileInfo, Identity, Request, MAX_PAYLOAD_BYTES,
-};
+use airlock_protocol::{Event, Events, FileInfo, Request, MAX_PAYLOAD_BYTES};
 use airlock_store::Stream;
 use futures_util::{Stream as AsyncStream, StreamExt};
 use serde_json::json;
-
-fn closed(id: &str) -> impl Fn(ClientError) -> DaemonError + '_ {
-    move |_| DaemonError::NotRunning(id.to_owned())
-}
-
-fn unexpected(event: &Event) -> DaemonError {
-    DaemonError::Internal(format!("unexpected answer from the agent: {event:?}"))
-}
 
 fn check_path(path: &str) -> Result<(), DaemonError> {
     if !path.starts_with('/') || path.contains('\0') {
@@ -29,13 +19,6 @@ fn check_path(path: &str) -> Result<(), DaemonError> {
         ));
     }
     Ok(())
-}
-
-fn owner(user: RunAs) -> Identity {
-    match user {
-        RunAs::User => Identity::User,
-        RunAs::Root => Identity::Root,
-    }
 }
 
 /// How [`Daemon::write_file`] puts a file in place.
@@ -211,7 +194,7 @@ impl Daemon {
                 mode,
                 create_parents: true,
                 append: false,
-                owner: owner(user),
+                owner: identity(user),
             })
             .await
             .map_err(closed(id))?;
@@ -251,12 +234,13 @@ impl Daemon {
             (None, Event::Written { bytes }) if write_mode == WriteMode::InPlace => Ok(bytes),
             (None, Event::Written { bytes }) => {
                 match self
-                    .simple_request(
+                    .done(
                         id,
                         Request::Rename {
                             from: temp.clone(),
                             to: path.to_owned(),
                         },
+                        Vec::new(),
                     )
                     .await
                 {
@@ -269,12 +253,13 @@ impl Daemon {
         };
         if result.is_err() {
             let _ = self
-                .simple_request(
+                .done(
                     id,
                     Request::Remove {
                         path: temp,
                         recursive: false,
                     },
+                    Vec::new(),
                 )
                 .await;
         }
@@ -290,31 +275,6 @@ impl Daemon {
         result
     }
 
-    /// A request answered by `done`.
-    async fn simple_request(&self, id: &str, request: Request) -> Result<(), DaemonError> {
-        match self.final_answer(id, request).await? {
-            Event::Done => Ok(()),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// The final event of a request; agent errors become `Err`.
-    async fn final_answer(&self, id: &str, request: Request) -> Result<Event, DaemonError> {
-        let sandbox = self.running(id)?;
-        match sandbox
-            .agent()
-            .request(request)
-            .await
-            .map_err(closed(id))?
-            .finish()
-            .await
-            .map_err(closed(id))?
-        {
-            Event::Error { kind, message } => Err(DaemonError::from_agent(kind, message)),
-            event => Ok(event),
-        }
-    }
-
     /// Metadata of `path`.
     pub async fn stat(&self, id: &str, path: &str) -> Result<FileInfo, DaemonError> {
         check_path(path)?;
@@ -324,6 +284,7 @@ impl Daemon {
                 Request::Stat {
                     path: path.to_owned(),
                 },
+                Vec::new(),
             )
             .await?
         {
@@ -352,6 +313,7 @@ impl Daemon {
                     path: path.to_owned(),
                     depth,
                 },
+                Vec::new(),
             )
             .await?
         {
@@ -370,14 +332,15 @@ impl Daemon {
     ) -> Result<(), DaemonError> {
         check_path(path)?;
         let user = user.unwrap_or(self.running(id)?.spec.user);
-        self.simple_request(
+        self.done(
             id,
             Request::MakeDir {
                 path: path.to_owned(),
                 parents,
                 mode: None,
-                owner: owner(user),
+                owner: identity(user),
             },
+            Vec::new(),
         )
         .await
     }
@@ -386,12 +349,13 @@ impl Daemon {
     pub async fn move_path(&self, id: &str, from: &str, to: &str) -> Result<FileInfo, DaemonError> {
         check_path(from)?;
         check_path(to)?;
-        self.simple_request(
+        self.done(
             id,
             Request::Rename {
                 from: from.to_owned(),
                 to: to.to_owned(),
             },
+            Vec::new(),
         )
         .await?;
         self.stat(id, to).await
@@ -406,12 +370,13 @@ impl Daemon {
         request_id: &str,
     ) -> Result<(), DaemonError> {
         check_path(path)?;
-        self.simple_request(
+        self.done(
             id,
             Request::Remove {
                 path: path.to_owned(),
                 recursive,
             },
+            Vec::new(),
         )
         .await?;
         self.audit().record(

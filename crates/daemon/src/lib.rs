@@ -412,6 +412,64 @@ impl Daemon {
     }
 }
 
+/// The agent identity of a sandbox user.
+pub(crate) fn identity(user: airlock_policy::RunAs) -> airlock_protocol::Identity {
+    match user {
+        airlock_policy::RunAs::User => airlock_protocol::Identity::User,
+        airlock_policy::RunAs::Root => airlock_protocol::Identity::Root,
+    }
+}
+
+/// Maps a broken agent connection onto "sandbox `id` is not running".
+pub(crate) fn closed(id: &str) -> impl Fn(airlock_protocol::ClientError) -> DaemonError + '_ {
+    move |_| DaemonError::NotRunning(id.to_owned())
+}
+
+/// An answer of the agent that its request does not allow.
+pub(crate) fn unexpected(event: &airlock_protocol::Event) -> DaemonError {
+    DaemonError::Internal(format!("unexpected answer from the agent: {event:?}"))
+}
+
+impl Daemon {
+    /// Sends one request (with `payload`) to the agent of the running
+    /// sandbox `id` and returns its final event; an agent error is `Err`.
+    pub(crate) async fn final_answer(
+        &self,
+        id: &str,
+        request: airlock_protocol::Request,
+        payload: Vec<u8>,
+    ) -> Result<airlock_protocol::Event, DaemonError> {
+        let sandbox = self.running(id)?;
+        match sandbox
+            .agent()
+            .request_with_payload(request, payload)
+            .await
+            .map_err(closed(id))?
+            .finish()
+            .await
+            .map_err(closed(id))?
+        {
+            airlock_protocol::Event::Error { kind, message } => {
+                Err(DaemonError::from_agent(kind, message))
+            }
+            event => Ok(event),
+        }
+    }
+
+    /// [`Daemon::final_answer`] for a request answered by `done`.
+    pub(crate) async fn done(
+        &self,
+        id: &str,
+        request: airlock_protocol::Request,
+        payload: Vec<u8>,
+    ) -> Result<(), DaemonError> {
+        match self.final_answer(id, request, payload).await? {
+            airlock_protocol::Event::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
 pub(crate) fn not_found(id: &str) -> DaemonError {
     DaemonError::NotFound(format!("no sandbox {id}"))
 }

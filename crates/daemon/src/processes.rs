@@ -3,9 +3,9 @@
 use crate::audit::now_ms;
 use crate::exec::{pump, Attached, ProcessHub, ProcessView, ENDED_KEPT};
 use crate::metrics::{ExecOutcome, OutcomeLabel};
-use crate::{Daemon, DaemonError, LiveSandbox};
+use crate::{closed, identity, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
-use airlock_protocol::{ClientError, Event, Identity, ProcessLimits, Request, SpawnRequest};
+use airlock_protocol::{Event, ProcessLimits, Request, SpawnRequest};
 use airlock_store::Stream;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -32,17 +32,6 @@ pub struct ExecRequest {
     /// A name to find it by later; unique among the sandbox's running
     /// processes.
     pub tag: Option<String>,
-}
-
-fn identity(user: RunAs) -> Identity {
-    match user {
-        RunAs::User => Identity::User,
-        RunAs::Root => Identity::Root,
-    }
-}
-
-fn closed(id: &str) -> impl Fn(ClientError) -> DaemonError + '_ {
-    move |_| DaemonError::NotRunning(id.to_owned())
 }
 
 impl Daemon {
@@ -254,14 +243,9 @@ impl Daemon {
             let table = sandbox.processes.lock().unwrap_or_else(|p| p.into_inner());
             table.hubs.values().map(|hub| hub.view()).collect()
         };
-        let answer = sandbox
-            .agent()
-            .request(Request::ListProcesses)
-            .await
-            .map_err(closed(id))?
-            .finish()
-            .await
-            .map_err(closed(id))?;
+        let answer = self
+            .final_answer(id, Request::ListProcesses, Vec::new())
+            .await?;
         if let Event::Processes { processes } = answer {
             for process in processes {
                 if !views.iter().any(|v| v.pid == process.pid) {
@@ -315,43 +299,17 @@ impl Daemon {
 
     /// Appends `data` to the stdin of `pid`.
     pub async fn write_stdin(&self, id: &str, pid: u32, data: Vec<u8>) -> Result<(), DaemonError> {
-        self.simple(id, Request::WriteStdin { pid }, data).await
+        self.done(id, Request::WriteStdin { pid }, data).await
     }
 
     /// Closes the stdin of `pid`.
     pub async fn close_stdin(&self, id: &str, pid: u32) -> Result<(), DaemonError> {
-        self.simple(id, Request::CloseStdin { pid }, Vec::new())
-            .await
+        self.done(id, Request::CloseStdin { pid }, Vec::new()).await
     }
 
     /// Sends `signal` to the process group of `pid`.
     pub async fn signal(&self, id: &str, pid: u32, signal: i32) -> Result<(), DaemonError> {
-        self.simple(id, Request::Signal { pid, signal }, Vec::new())
+        self.done(id, Request::Signal { pid, signal }, Vec::new())
             .await
-    }
-
-    /// A request answered by `done` or an error.
-    async fn simple(
-        &self,
-        id: &str,
-        request: Request,
-        payload: Vec<u8>,
-    ) -> Result<(), DaemonError> {
-        let sandbox = self.running(id)?;
-        match sandbox
-            .agent()
-            .request_with_payload(request, payload)
-            .await
-            .map_err(closed(id))?
-            .finish()
-            .await
-            .map_err(closed(id))?
-        {
-            Event::Done => Ok(()),
-            Event::Error { kind, message } => Err(DaemonError::from_agent(kind, message)),
-            other => Err(DaemonError::Internal(format!(
-                "unexpected answer from the agent: {other:?}"
-            ))),
-        }
     }
 }

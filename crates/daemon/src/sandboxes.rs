@@ -487,6 +487,17 @@ impl Daemon {
         }
     }
 
+    /// Whether `key` may see sandbox `id` (its owner, or an admin): from
+    /// the live registry when it is connected, so the data-plane hot path
+    /// reads no row; from the store otherwise.
+    pub fn visible(&self, key: &KeyRow, id: &str) -> Result<(), DaemonError> {
+        match self.live_sandbox(id) {
+            Some(sandbox) if key.is_admin || sandbox.owner == key.id => Ok(()),
+            Some(_) => Err(not_found(id)),
+            None => self.get(key, id).map(drop),
+        }
+    }
+
     /// Whether `token` is the access token of `id`.
     pub fn access_token_matches(&self, id: &str, token: &str) -> bool {
         self.with_store(|s| s.verify_access_token(id, token))

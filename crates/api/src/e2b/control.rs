@@ -141,14 +141,14 @@ pub fn router(api: Api) -> Router {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/pause", post(not_served))
         .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/fork", post(fork))
-        .route("/sandboxes/{id}/snapshots", post(snapshot))
-        .route("/sandboxes/{id}/network", axum::routing::put(network))
-        .route("/sandboxes/{id}/refreshes", post(refresh))
-        .route("/sandboxes/{id}/logs", get(logs))
-        .route("/v2/sandboxes/{id}/logs", get(logs))
+        .route("/sandboxes/{id}/fork", post(not_served))
+        .route("/sandboxes/{id}/snapshots", post(not_served))
+        .route("/sandboxes/{id}/network", axum::routing::put(not_served))
+        .route("/sandboxes/{id}/refreshes", post(not_served))
+        .route("/sandboxes/{id}/logs", get(not_served))
+        .route("/v2/sandboxes/{id}/logs", get(not_served))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
@@ -472,66 +472,33 @@ async fn resume(
     Ok((StatusCode::CREATED, Json(wire)).into_response())
 }
 
-/// `POST /sandboxes/{id}/pause`: 501. (409 would read as "already paused"
-/// to the SDKs, which then report success.)
-async fn pause(
+/// Sandbox operations this daemon does not serve (yet): 404 for a sandbox
+/// the caller cannot see, 501 with what to do instead otherwise. Pause is
+/// 501 rather than e2b's 409, which the SDKs read as "already paused" and
+/// report as success.
+async fn not_served(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    route: axum::extract::MatchedPath,
 ) -> Result<StatusCode> {
     live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::not_supported(
-        "pausing",
-        "; the sandbox keeps running (kill it, or extend it with set_timeout)",
-    ))
-}
-
-async fn fork(
-    State(api): State<Api>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode> {
-    live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::not_supported("forking", ""))
-}
-
-async fn snapshot(
-    State(api): State<Api>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode> {
-    live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::not_supported("snapshotting", ""))
-}
-
-async fn network(
-    State(api): State<Api>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode> {
-    live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::new(StatusCode::NOT_IMPLEMENTED, NO_INTERNET))
-}
-
-async fn refresh(
-    State(api): State<Api>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode> {
-    live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::not_supported("refreshing", "; use set_timeout"))
-}
-
-async fn logs(
-    State(api): State<Api>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode> {
-    live_row(&api, key_of(&caller)?, &id)?;
-    Err(E2bError::not_supported(
-        "reading sandbox logs",
-        "; see the native /v1/sandboxes/{id}/events",
-    ))
+    Err(
+        match route.as_str().rsplit('/').next().unwrap_or_default() {
+            "pause" => E2bError::not_supported(
+                "pausing",
+                "; the sandbox keeps running (kill it, or extend it with set_timeout)",
+            ),
+            "fork" => E2bError::not_supported("forking", ""),
+            "snapshots" => E2bError::not_supported("snapshotting", ""),
+            "network" => E2bError::new(StatusCode::NOT_IMPLEMENTED, NO_INTERNET),
+            "refreshes" => E2bError::not_supported("refreshing", "; use set_timeout"),
+            _ => E2bError::not_supported(
+                "reading sandbox logs",
+                "; see the native /v1/sandboxes/{id}/events",
+            ),
+        },
+    )
 }
 
 /// One metric sample of a visible, live sandbox.

@@ -24,7 +24,7 @@ pub mod sandbox;
 use crate::Api;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Router;
 use tower::ServiceExt;
 
@@ -79,18 +79,10 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
         // Control-plane bodies are small JSON: read them whole before any
         // answer, so an early error never leaves a body unread on a
         // keep-alive connection.
-        let (parts, body) = request.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, crate::MAX_JSON_BYTES).await else {
-            return close(
-                crate::error::ApiError::new(
-                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
-                    "the body is larger than 1 MiB",
-                )
-                .into_response(),
-            );
+        let request = match crate::buffered(request).await {
+            Ok(request) => request,
+            Err(too_large) => return too_large,
         };
-        let request = Request::from_parts(parts, axum::body::Body::from(bytes));
         return match routers.control.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},
@@ -118,18 +110,9 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
             Err(never) => match never {},
         };
         if response.status().is_client_error() || response.status().is_server_error() {
-            return close(response);
+            return crate::closing(response);
         }
         return response;
     }
     next.run(request).await
-}
-
-/// Marks an answer as the last on its connection.
-fn close(mut response: Response) -> Response {
-    response.headers_mut().insert(
-        axum::http::header::CONNECTION,
-        axum::http::HeaderValue::from_static("close"),
-    );
-    response
 }

@@ -248,13 +248,7 @@ fn permissions(kind: FileKind, mode: u32) -> String {
 }
 
 fn timestamp(ns: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ns))
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+    crate::types::rfc3339_ns(i128::from(ns)).unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
 /// An `EntryInfo`.
