@@ -172,18 +172,18 @@ async fn wrong_method() -> E2bError {
 /// tokens open nothing here.
 async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
+    // Read whole before any answer, so an early error never leaves a body
+    // unread on a keep-alive connection.
     let bytes = match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            let mut response = E2bError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the body is larger than 1 MiB",
+            return crate::closing(
+                E2bError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the body is larger than 1 MiB",
+                )
+                .into_response(),
             )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
         }
     };
     let caller =

@@ -76,13 +76,6 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
     // Control paths first: some SDK versions also send `E2b-Sandbox-Id` on
     // control-plane calls such as `POST /sandboxes/{id}/connect`.
     if is_control_path(request.uri().path()) {
-        // Control-plane bodies are small JSON: read them whole before any
-        // answer, so an early error never leaves a body unread on a
-        // keep-alive connection.
-        let request = match crate::buffered(request).await {
-            Ok(request) => request,
-            Err(too_large) => return too_large,
-        };
         return match routers.control.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},
