@@ -19,6 +19,7 @@
 pub mod audit;
 pub mod exec;
 pub mod files;
+pub mod interpreter;
 pub mod metrics;
 pub mod processes;
 pub mod reconcile;
@@ -199,6 +200,8 @@ pub struct LiveSandbox {
     /// Watchers polled by name (the e2b dialect's CreateWatcher); they end
     /// with the sandbox.
     watchers: files::NamedWatchers,
+    /// Code contexts and their kernels; they end with the sandbox.
+    interpreters: interpreter::CodeContexts,
     /// Held through a teardown, so stops and deaths run one at a time.
     teardown: tokio::sync::Mutex<()>,
 }
@@ -222,6 +225,7 @@ impl LiveSandbox {
             lease: Mutex::new(lease),
             processes: Mutex::new(ProcessTable::default()),
             watchers: files::NamedWatchers::default(),
+            interpreters: interpreter::CodeContexts::default(),
             teardown: tokio::sync::Mutex::new(()),
         });
         (sandbox, instance.ended)

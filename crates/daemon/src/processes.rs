@@ -247,8 +247,9 @@ impl Daemon {
             .final_answer(id, Request::ListProcesses, Vec::new())
             .await?;
         if let Event::Processes { processes } = answer {
+            let kernels = sandbox.kernel_pids();
             for process in processes {
-                if !views.iter().any(|v| v.pid == process.pid) {
+                if !views.iter().any(|v| v.pid == process.pid) && !kernels.contains(&process.pid) {
                     views.push(ProcessView {
                         pid: process.pid,
                         cmd: process.cmd,

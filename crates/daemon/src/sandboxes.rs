@@ -522,6 +522,16 @@ impl Daemon {
         self.access_token_matches(id, &token).then_some(token)
     }
 
+    /// The traffic token of `id` (see [`crate::tokens::TokenKey::traffic_token_for`]).
+    pub fn traffic_token(&self, id: &str) -> String {
+        self.inner.token_key.traffic_token_for(id)
+    }
+
+    /// Whether `token` is the traffic token of `id`.
+    pub fn traffic_token_matches(&self, id: &str, token: &str) -> bool {
+        crate::tokens::same_secret(&self.traffic_token(id), token)
+    }
+
     /// Resource usage of the running sandbox `id` so far, when its backend
     /// can tell.
     pub fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {

@@ -83,20 +83,44 @@ impl TokenKey {
 
     /// The access token of sandbox `id`.
     pub fn token_for(&self, id: &str) -> String {
+        self.derive("at_", id.as_bytes())
+    }
+
+    /// The traffic token of sandbox `id`: what e2b's SDKs send as
+    /// `E2B-Traffic-Access-Token` to ports other than envd's (the code
+    /// interpreter's `/contexts` calls carry nothing else). It opens only
+    /// those ports, so it is derived apart from the access token.
+    pub fn traffic_token_for(&self, id: &str) -> String {
+        let mut message = b"traffic\0".to_vec();
+        message.extend_from_slice(id.as_bytes());
+        self.derive("tt_", &message)
+    }
+
+    /// `prefix` + hex(HMAC-SHA256(key, message)).
+    fn derive(&self, prefix: &str, message: &[u8]) -> String {
         let mut mac = match Hmac::<Sha256>::new_from_slice(&self.key) {
             Ok(mac) => mac,
             // HMAC takes keys of any length; this cannot happen.
             Err(_) => return String::new(),
         };
-        mac.update(id.as_bytes());
+        mac.update(message);
         let digest = mac.finalize().into_bytes();
-        let mut token = String::with_capacity(3 + 64);
-        token.push_str("at_");
+        let mut token = String::with_capacity(prefix.len() + 64);
+        token.push_str(prefix);
         for b in digest {
             token.push_str(&format!("{b:02x}"));
         }
         token
     }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+            == 0
 }
 
 #[cfg(test)]
@@ -130,6 +154,18 @@ mod tests {
             std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn traffic_tokens_differ_from_access_tokens() {
+        let key = TokenKey { key: [b'a'; BLOCK] };
+        let traffic = key.traffic_token_for("sbx-1");
+        assert!(traffic.starts_with("tt_"));
+        assert_eq!(traffic.len(), 67);
+        assert_ne!(traffic[3..], key.token_for("sbx-1")[3..]);
+        assert!(same_secret(&traffic, &key.traffic_token_for("sbx-1")));
+        assert!(!same_secret(&traffic, &key.traffic_token_for("sbx-2")));
+        assert!(!same_secret(&traffic, "tt_"));
     }
 
     #[test]

@@ -277,6 +277,11 @@ fn is_registered(api: &Api, name: &str) -> bool {
             .is_dir()
 }
 
+/// Whether a template name is one of the code interpreter's.
+fn wants_interpreter(template: &str) -> bool {
+    template.starts_with("code-interpreter")
+}
+
 /// Creates a sandbox: 201 and e2b's `Sandbox`.
 async fn create(
     api: Api,
@@ -302,6 +307,7 @@ async fn create(
             ));
         }
     };
+    let interpreter = wants_interpreter(&name);
     let config = api.daemon.config();
     let native = body.to_native(
         &native_template,
@@ -324,9 +330,25 @@ async fn create(
             &request_id.0,
         )
         .await?;
+    if interpreter {
+        // The code interpreter's templates: its default Python context is
+        // started now, off the create path, so the first `run_code` finds
+        // it running (as e2b's Jupyter is).
+        let daemon = api.daemon.clone();
+        let id = created.row.id.clone();
+        tokio::spawn(async move {
+            daemon
+                .prepare_code_context(&id, airlock_daemon::interpreter::Language::Python)
+                .await;
+        });
+    }
     Ok((
         StatusCode::CREATED,
-        Json(SandboxWire::of(&created.row, Some(created.access_token))),
+        Json(SandboxWire::of(
+            &created.row,
+            Some(created.access_token),
+            Some(api.daemon.traffic_token(&created.row.id)),
+        )),
     )
         .into_response())
 }
@@ -447,7 +469,11 @@ fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<SandboxWire
             row = api.daemon.set_timeout(key, id, timeout)?;
         }
     }
-    Ok(SandboxWire::of(&row, api.daemon.access_token(id)))
+    Ok(SandboxWire::of(
+        &row,
+        api.daemon.access_token(id),
+        Some(api.daemon.traffic_token(id)),
+    ))
 }
 
 /// `POST /sandboxes/{id}/connect` and `/v2/…/connect`: 200 (it was running).

@@ -213,14 +213,20 @@ pub struct SandboxWire {
     pub envd_version: &'static str,
     /// The sandbox's access token: the SDK sends it as `X-Access-Token`.
     pub envd_access_token: Option<String>,
-    /// No public traffic URLs here.
+    /// Sent by the SDKs as `E2B-Traffic-Access-Token` to ports other than
+    /// envd's (the code interpreter's), which accept it in place of the
+    /// access token.
     pub traffic_access_token: Option<String>,
     /// `null`: the SDK then reaches the sandbox through `E2B_SANDBOX_URL`.
     pub domain: Option<String>,
 }
 
 impl SandboxWire {
-    pub fn of(row: &SandboxRow, access_token: Option<String>) -> SandboxWire {
+    pub fn of(
+        row: &SandboxRow,
+        access_token: Option<String>,
+        traffic_token: Option<String>,
+    ) -> SandboxWire {
         SandboxWire {
             template_id: row.template.clone(),
             sandbox_id: row.id.clone(),
@@ -228,7 +234,7 @@ impl SandboxWire {
             alias: row.template.clone(),
             envd_version: ENVD_VERSION,
             envd_access_token: access_token,
-            traffic_access_token: None,
+            traffic_access_token: traffic_token,
             domain: None,
         }
     }
@@ -594,7 +600,11 @@ mod tests {
 
     #[test]
     fn the_sandbox_answer_has_every_field_the_sdks_read() {
-        let wire = SandboxWire::of(&row(StoredState::Running), Some("at_x".into()));
+        let wire = SandboxWire::of(
+            &row(StoredState::Running),
+            Some("at_x".into()),
+            Some("tt_x".into()),
+        );
         let json = serde_json::to_value(&wire).unwrap();
         assert_eq!(json["templateID"], "base");
         assert_eq!(json["sandboxID"], "sbx-0123456789abcdef");
@@ -604,7 +614,7 @@ mod tests {
         assert_eq!(json["alias"], "base");
         // Present and null: the SDK falls back to E2B_SANDBOX_URL.
         assert!(json["domain"].is_null() && json.get("domain").is_some());
-        assert!(json["trafficAccessToken"].is_null());
+        assert_eq!(json["trafficAccessToken"], "tt_x");
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! Calls into one sandbox, selected by the `E2b-Sandbox-Id` header: envd's
 //! `/health` and `/files`, and its Connect services `process.Process` and
-//! `filesystem.Filesystem` (port 49983, [`ENVD_PORT`]). The code
-//! interpreter (port 49999) is not served yet and answers `unimplemented`.
+//! `filesystem.Filesystem` (port 49983, [`ENVD_PORT`]); and the code
+//! interpreter's `/execute` and `/contexts` (port 49999,
+//! [`CODE_INTERPRETER_PORT`], see [`interpreter`]).
 //!
-//! Every call but `/health` is authenticated here: `X-Access-Token` must be
-//! the sandbox's access token (the SDK's `envdAccessToken`), or `X-API-Key`
-//! a key that may see the sandbox; a `/files` URL may instead carry a
-//! signature made with the access token (see [`files`]). A sandbox that
+//! Every call but envd's `/health` is authenticated here: `X-Access-Token`
+//! must be the sandbox's access token (the SDK's `envdAccessToken`), or
+//! `X-API-Key` a key that may see the sandbox; a `/files` URL may instead
+//! carry a signature made with the access token (see [`files`]). The code
+//! interpreter's port also takes `E2B-Traffic-Access-Token`, the
+//! sandbox's traffic token, which is all the SDK sends on its `/contexts`
+//! calls. A sandbox that
 //! does not exist answers `not_found` before any credential is looked at,
 //! as e2b's proxy does.
 
 pub mod connect;
 mod files;
 mod filesystem;
+mod interpreter;
 mod process;
 
 use crate::auth::Caller;
@@ -27,6 +32,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine;
 use connect::{Code, ConnectError};
+use tower::ServiceExt;
 
 /// envd's port inside an e2b sandbox.
 pub const ENVD_PORT: u16 = 49983;
@@ -43,13 +49,17 @@ pub struct Target {
 
 /// The routes of calls into a sandbox (selected by `E2b-Sandbox-Id`).
 pub fn router(api: Api) -> Router {
+    let interpreter = interpreter::router(api.clone());
     Router::new()
         .route("/health", get(health))
         .route("/files", get(files::download).post(files::upload))
         .route("/process.Process/{method}", post(process::call))
         .route("/filesystem.Filesystem/{method}", post(filesystem::call))
         .fallback(no_route)
-        .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
+        .layer(axum::middleware::from_fn_with_state(
+            (api.clone(), interpreter),
+            admit,
+        ))
         .with_state(api)
 }
 
@@ -70,8 +80,13 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
-/// Checks the sandbox, the port and the credentials of a request.
-async fn admit(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+/// Checks the sandbox, the port and the credentials of a request, and
+/// sends it on to envd's routes or the code interpreter's.
+async fn admit(
+    State((api, interpreter)): State<(Api, Router)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let id = header(request.headers(), SANDBOX_ID_HEADER)
         .unwrap_or_default()
         .to_owned();
@@ -105,7 +120,7 @@ async fn admit(State(api): State<Api>, mut request: Request, next: Next) -> Resp
             .into_response();
     }
     let caller =
-        match credentials(&api, &id, request.headers()) {
+        match credentials(&api, &id, port, request.headers()) {
             Some(caller) => Some(caller),
             // A signed `/files` URL is checked by its handler.
             None if request.uri().path() == "/files" && files::is_signed(request.uri()) => None,
@@ -115,13 +130,7 @@ async fn admit(State(api): State<Api>, mut request: Request, next: Next) -> Resp
             )
             .into_response(),
         };
-    if port == CODE_INTERPRETER_PORT {
-        return ConnectError::unimplemented(
-            "the code interpreter (port 49999) is not served by airlock yet",
-        )
-        .into_response();
-    }
-    if port != ENVD_PORT {
+    if port != ENVD_PORT && port != CODE_INTERPRETER_PORT {
         return ConnectError::new(
             Code::Unavailable,
             format!("The sandbox {id} is running but port {port} is not open"),
@@ -132,15 +141,31 @@ async fn admit(State(api): State<Api>, mut request: Request, next: Next) -> Resp
     if let Some(caller) = &caller {
         request.extensions_mut().insert(caller.clone());
     }
-    let mut response = next.run(request).await;
+    let mut response = if port == CODE_INTERPRETER_PORT {
+        match interpreter.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    } else {
+        next.run(request).await
+    };
     if let Some(caller) = caller {
         response.extensions_mut().insert(caller);
     }
     response
 }
 
-/// Who the credentials of a request name, if they open sandbox `id`.
-fn credentials(api: &Api, id: &str, headers: &HeaderMap) -> Option<Caller> {
+/// Who the credentials of a request name, if they open `port` of sandbox
+/// `id`.
+fn credentials(api: &Api, id: &str, port: u16, headers: &HeaderMap) -> Option<Caller> {
+    if port == CODE_INTERPRETER_PORT {
+        if let Some(token) = header(headers, "e2b-traffic-access-token") {
+            return api
+                .daemon
+                .traffic_token_matches(id, token)
+                .then(|| Caller::Sandbox(id.to_owned()));
+        }
+    }
     if let Some(token) = header(headers, "x-access-token") {
         if api.daemon.access_token_matches(id, token) {
             return Some(Caller::Sandbox(id.to_owned()));
