@@ -246,16 +246,20 @@ pub async fn upload(
         )?;
         let user = user_of(&query)?;
         let request_id = request_id.map(|Extension(r)| r.0).unwrap_or_default();
-        if headers
+        let gzipped = match headers
             .get(header::CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| !v.trim().eq_ignore_ascii_case("identity"))
+            .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
+            .as_deref()
         {
-            return Err(FilesError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "compressed uploads are not supported; upload without gzip",
-            ));
-        }
+            None | Some("") | Some("identity") => false,
+            Some("gzip") | Some("x-gzip") => true,
+            Some(_) => {
+                return Err(FilesError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "the only Content-Encoding an upload may have is gzip",
+                ))
+            }
+        };
         let content_type = headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
@@ -269,6 +273,24 @@ pub async fn upload(
             user,
             limit,
             request_id: &request_id,
+            // envd writes uploads in place (watchers see a write, not a
+            // rename); a gzip body can turn out corrupt halfway, so it goes
+            // to a temporary name first and leaves the old file alone.
+            mode: if gzipped {
+                airlock_daemon::files::WriteMode::Atomic
+            } else {
+                airlock_daemon::files::WriteMode::InPlace
+            },
+        };
+        let body = if gzipped {
+            let encoded = body
+                .into_data_stream()
+                .map(|r| r.map_err(|e| e.to_string()));
+            Body::from_stream(
+                super::gzip::gunzip(Box::pin(encoded)).map(|r| r.map_err(std::io::Error::other)),
+            )
+        } else {
+            body
         };
         if let Some(boundary) = multipart_boundary(&content_type) {
             let mut parts = Multipart::new(body, &boundary);
@@ -332,6 +354,7 @@ struct Writer<'a> {
     user: Option<RunAs>,
     limit: u64,
     request_id: &'a str,
+    mode: airlock_daemon::files::WriteMode,
 }
 
 impl Writer<'_> {
@@ -346,7 +369,7 @@ impl Writer<'_> {
                 &path,
                 None,
                 self.user,
-                airlock_daemon::files::WriteMode::InPlace,
+                self.mode,
                 data,
                 self.limit,
                 self.request_id,

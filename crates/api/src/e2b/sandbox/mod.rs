@@ -17,6 +17,7 @@
 pub mod connect;
 mod files;
 mod filesystem;
+mod gzip;
 mod interpreter;
 mod process;
 
