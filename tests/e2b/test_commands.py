@@ -132,3 +132,20 @@ def test_connect_to_running_command(sandbox):
     other = sandbox.commands.connect(handle.pid)
     result = other.wait()
     assert "from-background" in result.stdout
+
+
+def test_connect_streams_only_what_follows(sandbox):
+    from e2b import NotFoundException
+
+    handle = sandbox.commands.run(
+        "echo before; read line; echo after-$line", background=True, stdin=True
+    )
+    # `before` is out before we connect.
+    time.sleep(0.5)
+    other = sandbox.commands.connect(handle.pid)
+    sandbox.commands.send_stdin(handle.pid, "x\n")
+    result = other.wait()
+    assert result.stdout == "after-x\n"
+    # An ended process is not there to connect to, as in envd.
+    with pytest.raises(NotFoundException):
+        sandbox.commands.connect(handle.pid)

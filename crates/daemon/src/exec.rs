@@ -182,6 +182,21 @@ impl ProcessHub {
         Attached { replay, live }
     }
 
+    /// A client attached to output from now on, without the kept output;
+    /// `None` when the process has ended.
+    pub fn attach_from_now(&self) -> Option<Attached> {
+        let mut state = self.state();
+        if state.exit.is_some() {
+            return None;
+        }
+        let (tx, live) = mpsc::channel(CLIENT_QUEUE);
+        state.clients.push(tx);
+        Some(Attached {
+            replay: VecDeque::new(),
+            live,
+        })
+    }
+
     /// Whether the process is still running (as far as its output shows).
     pub fn running(&self) -> bool {
         self.state().exit.is_none()

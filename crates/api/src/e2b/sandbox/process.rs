@@ -294,7 +294,15 @@ async fn reattach(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Resul
     let request: Selected = connect::stream_request(headers, body).await?;
     let hub = select(api, id, request.process)?;
     let deadline = connect::timeout(headers)?;
-    Ok(process_stream(id, hub.pid, hub.attach(), headers, deadline))
+    // As envd: output from the moment of connecting, and an ended process
+    // is not there to connect to.
+    let attached = hub.attach_from_now().ok_or_else(|| {
+        ConnectError::new(
+            Code::NotFound,
+            format!("process with pid {} not found", hub.pid),
+        )
+    })?;
+    Ok(process_stream(id, hub.pid, attached, headers, deadline))
 }
 
 async fn list(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
