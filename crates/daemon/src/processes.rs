@@ -66,7 +66,6 @@ impl Daemon {
         env.extend(request.env.clone());
         let limits = &sandbox.spec.limits;
         let requested_at = Instant::now();
-        let before = self.inner.backend.usage(id).unwrap_or_default();
         let mut events = sandbox
             .agent()
             .request(Request::Spawn(SpawnRequest {
@@ -85,6 +84,9 @@ impl Daemon {
             }))
             .await
             .map_err(closed(id))?;
+        // Read while the agent forks: the new process cannot have run yet,
+        // and the cgroup reads stay off the round trip.
+        let before = self.inner.backend.usage(id).unwrap_or_default();
         let pid = match events.next().await.map_err(closed(id))? {
             Some(frame) => match frame.msg {
                 Event::Started { pid } => pid,

@@ -385,6 +385,49 @@ impl Daemon {
         Ok(())
     }
 
+    /// Like [`Daemon::stop`], but returns once the sandbox is recorded
+    /// `stopping` (hidden from listings, refusing calls into it) and
+    /// leaves the teardown to a task: the caller does not wait for the
+    /// processes to die and the mounts and cgroups to go. The sandbox keeps
+    /// counting against the caps until its resources are released. A daemon
+    /// that stops before the task ends leaves the row `stopping`, which the
+    /// next start's reconciliation finishes.
+    pub async fn stop_in_background(
+        &self,
+        id: &str,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) -> Result<(), DaemonError> {
+        let Some(sandbox) = self.live_sandbox(id) else {
+            return self.stop_unconnected(id, reason).await;
+        };
+        let reason = {
+            let _teardown = sandbox.teardown.lock().await;
+            let state = sandbox.state();
+            if state.is_dead() {
+                return Ok(());
+            }
+            let stopping = match self.transition(id, state, Action::Stop(reason))? {
+                Some(stopping) => stopping,
+                None => State::Stopping(reason),
+            };
+            sandbox.set_state(stopping);
+            stopping.reason().unwrap_or(reason)
+        };
+        let daemon = self.clone();
+        let request_id = request_id.map(str::to_owned);
+        tokio::spawn(async move {
+            let _teardown = sandbox.teardown.lock().await;
+            // A stop that got the lock first finished the job.
+            if !sandbox.state().is_dead() {
+                daemon
+                    .finish_stop(&sandbox, reason, request_id.as_deref())
+                    .await;
+            }
+        });
+        Ok(())
+    }
+
     /// Teardown and the final transition of a sandbox in `Stopping`.
     async fn finish_stop(
         &self,

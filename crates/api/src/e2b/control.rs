@@ -424,8 +424,10 @@ async fn kill(
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
     live_row(&api, key_of(&caller)?, &id)?;
+    // e2b's kill answers once the sandbox is going; its teardown follows
+    // off the request path.
     api.daemon
-        .stop(&id, DeadReason::Deleted, Some(&request_id.0))
+        .stop_in_background(&id, DeadReason::Deleted, Some(&request_id.0))
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
