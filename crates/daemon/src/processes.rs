@@ -76,6 +76,7 @@ impl Daemon {
                 cwd: request.cwd.clone().or_else(|| sandbox.spec.cwd.clone()),
                 user: identity(user),
                 stdin: request.stdin,
+                pty: None,
                 timeout_ms: request.timeout_ms,
                 output_limit: limits.output_bytes,
                 limits: ProcessLimits {
