@@ -25,6 +25,7 @@ const PYTHON_SUITES: &[&str] = &[
     "test_files.py",
     "test_failures.py",
     "test_async.py",
+    "test_pty.py",
     // `test_code_interpreter.py` joins when the code interpreter (port
     // 49999) lands; until then it answers 501 `unimplemented`.
 ];
