@@ -31,7 +31,10 @@
 //! (`pty` events, counted against `output_limit` as stdout) and written by
 //! the stdin task (`write_stdin` is typed into the terminal). At the output
 //! limit every master descriptor is closed: the terminal hangs up, its
-//! processes get SIGHUP, as a pipe's writer gets SIGPIPE. A terminal's input
+//! processes get SIGHUP, as a pipe's writer gets SIGPIPE. (A write to the
+//! terminal blocked at that moment, its input full and unread, keeps the
+//! writer's descriptor until it completes or the process ends, at the
+//! latest at its timeout.) A terminal's input
 //! is never closed (as in e2b's envd): `^D` written to it ends the input of
 //! a program reading the terminal.
 //!
