@@ -1,5 +1,5 @@
 // The core calls of the e2b JS SDK against a real airlock daemon:
-// Sandbox.create, commands.run, files.write/read, kill, and a wrong key.
+// Sandbox.create, commands.run, files.write/read, pty, kill, and a wrong key.
 //
 // Run by crates/airlock/tests/e2b_sdk.rs with `node --test`, which sets
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY. The SDK is the pinned one
@@ -74,6 +74,34 @@ test('files.write and files.read', { timeout: 60_000 }, async () => {
   const back = await sbx.files.read('/home/user/js.bin', { format: 'bytes' })
   assert.deepEqual(Array.from(back), [0, 1, 2, 255])
   assert.equal((await sbx.commands.run('cat /home/user/js.txt')).stdout, 'from js\n')
+})
+
+test('pty: create, sendInput, resize, exit', { timeout: 60_000 }, async () => {
+  const sbx = await make()
+  const decoder = new TextDecoder()
+  let shown = ''
+  const term = await sbx.pty.create({
+    cols: 80,
+    rows: 24,
+    onData: (data) => {
+      shown += decoder.decode(data, { stream: true })
+    },
+  })
+  const until = async (needle) => {
+    const deadline = Date.now() + 15_000
+    while (!shown.includes(needle)) {
+      assert.ok(Date.now() < deadline, `the terminal never showed ${JSON.stringify(needle)}: ${JSON.stringify(shown)}`)
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+  }
+  const type = (text) => sbx.pty.sendInput(term.pid, new TextEncoder().encode(text))
+  await type('stty size\n')
+  await until('24 80\r\n')
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+  await type('stty size; exit\n')
+  await until('30 100\r\n')
+  const result = await term.wait()
+  assert.equal(result.exitCode, 0)
 })
 
 test('kill', { timeout: 60_000 }, async () => {

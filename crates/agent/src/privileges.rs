@@ -6,7 +6,10 @@
 //! async-signal-safe. The order is:
 //!
 //! 1. `setsid()`: the child leads a new session and process group, so the
-//!    agent can signal or kill the whole group as `-pid`.
+//!    agent can signal or kill the whole group as `-pid`. A child started on
+//!    a terminal then makes it its controlling terminal (`TIOCSCTTY` on
+//!    stdin, the terminal's slave side), which only a session leader without
+//!    one may do: so it comes right after `setsid`.
 //! 2. rlimits: `NOFILE` and `FSIZE` (soft = hard), `CORE` = 0.
 //! 3. identity (only when dropping privileges):
 //!    - `User`: drop every capability from the bounding set (this needs
@@ -64,6 +67,8 @@ pub(crate) struct ChildSetup {
     fsize: Option<u64>,
     switch: Switch,
     cwd: CString,
+    /// Stdin is a terminal to make the controlling terminal of the session.
+    controlling_terminal: bool,
     /// Upper bound of descriptors to mark by hand when `close_range` is
     /// missing (kernels before 5.11).
     fd_scan_end: i32,
@@ -93,14 +98,26 @@ impl ChildSetup {
             fsize: clamp(Resource::Fsize, limits.fsize_bytes),
             switch,
             cwd,
+            controlling_terminal: false,
             fd_scan_end: i32::try_from(open_limit.min(1 << 16)).unwrap_or(1 << 16),
         }
+    }
+
+    /// The same setup for a child whose stdin is the slave side of a
+    /// terminal, which becomes its controlling terminal.
+    pub(crate) fn on_terminal(mut self) -> ChildSetup {
+        self.controlling_terminal = true;
+        self
     }
 
     /// Runs in the forked child, before `exec`. Async-signal-safe: only raw
     /// system calls on values computed before the fork.
     pub(crate) fn apply(&self) -> io::Result<()> {
         rustix::process::setsid()?;
+        if self.controlling_terminal {
+            // std has already put the slave on descriptors 0, 1 and 2.
+            rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;
+        }
         rustix::process::setrlimit(
             Resource::Nofile,
             Rlimit {

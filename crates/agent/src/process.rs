@@ -18,6 +18,26 @@
 //! 4. The final `exited` goes out after every output chunk. The status stays
 //!    in a ring of the last [`RECENT`] statuses for `wait`.
 //!
+//! # Terminals
+//!
+//! A `spawn` with `pty` runs the process on a new pseudo-terminal instead of
+//! pipes. The agent opens the master (`/dev/ptmx`) and its slave, sets the
+//! size, and the child gets the slave as stdin, stdout and stderr and, right
+//! after `setsid`, as its controlling terminal; everything else (identity,
+//! cwd, environment, rlimits, timeout) is the same `pre_exec` path as for
+//! pipes. The agent holds no slave descriptor after the fork, so the master
+//! reads EIO once the child and everything it left holding the slave are
+//! gone: that is the end of the output. The master is read like stdout
+//! (`pty` events, counted against `output_limit` as stdout) and written by
+//! the stdin task (`write_stdin` is typed into the terminal). At the output
+//! limit every master descriptor is closed: the terminal hangs up, its
+//! processes get SIGHUP, as a pipe's writer gets SIGPIPE. (A write to the
+//! terminal blocked at that moment, its input full and unread, keeps the
+//! writer's descriptor until it completes or the process ends, at the
+//! latest at its timeout.) A terminal's input
+//! is never closed (as in e2b's envd): `^D` written to it ends the input of
+//! a program reading the terminal.
+//!
 //! # Stdin
 //!
 //! Each process with a stdin pipe has its own queue and writer task, so a
@@ -32,11 +52,13 @@ use crate::outbox::Outbox;
 use crate::privileges::ChildSetup;
 use crate::reaper::{Ended, Reaper};
 use crate::{locked, AgentConfig};
-use airlock_protocol::{ErrorKind, Event, ExitStatus, Identity, ProcessInfo, SpawnRequest};
+use airlock_protocol::{
+    ErrorKind, Event, ExitStatus, Identity, ProcessInfo, PtySize, SpawnRequest,
+};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -61,6 +83,9 @@ const SPAWN_SETTLE: Duration = Duration::from_secs(2);
 const REAP_SETTLE: Duration = Duration::from_secs(5);
 /// Grace between SIGTERM and SIGKILL on a graceful stop.
 const TERM_GRACE: Duration = Duration::from_secs(2);
+/// `TERM` of a process on a terminal whose environment names none: what
+/// e2b's SDKs set, and what terminal emulators speaking to it expect.
+const DEFAULT_TERM: &str = "xterm-256color";
 
 /// The processes the agent started, and how to reach them.
 #[derive(Debug)]
@@ -87,7 +112,19 @@ struct Entry {
     /// The process was reaped; its pumps may still be draining.
     reaped: bool,
     stdin: Stdin,
+    terminal: Terminal,
     waiters: Vec<oneshot::Sender<ExitStatus>>,
+}
+
+/// The terminal of a process, seen from the table.
+#[derive(Debug)]
+enum Terminal {
+    /// Started with pipes.
+    Absent,
+    /// A descriptor of the master, kept to resize the terminal.
+    Open(OwnedFd),
+    /// Its output passed the limit and every master descriptor was closed.
+    HungUp,
 }
 
 #[derive(Debug)]
@@ -123,15 +160,22 @@ struct Launch {
     env: BTreeMap<String, String>,
     cwd: PathBuf,
     stdin: bool,
+    /// Run on a new terminal of this size instead of pipes.
+    pty: Option<PtySize>,
+    /// Owner to give the terminal's slave (the uid the child switches to),
+    /// so the process can reopen its own terminal as a login's could.
+    terminal_owner: Option<u32>,
     setup: ChildSetup,
 }
 
-/// A started process and our ends of its pipes.
+/// A started process and our ends of its pipes, or of its terminal.
 struct Launched {
     pid: u32,
     stdin: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// The terminal's master (non-blocking), for a process started on one.
+    terminal: Option<OwnedFd>,
 }
 
 /// Which output stream a pump forwards.
@@ -139,6 +183,8 @@ struct Launched {
 enum Stream {
     Stdout,
     Stderr,
+    /// The master of the process's terminal.
+    Pty,
 }
 
 impl Stream {
@@ -146,8 +192,65 @@ impl Stream {
         match self {
             Stream::Stdout => Event::Stdout,
             Stream::Stderr => Event::Stderr,
+            Stream::Pty => Event::Pty,
         }
     }
+}
+
+/// Opens a new terminal of `size`: its master (non-blocking, for the
+/// runtime) and its slave (for the child), both close-on-exec.
+fn open_terminal(size: PtySize, owner: Option<u32>) -> io::Result<(OwnedFd, OwnedFd)> {
+    use rustix::pty::OpenptFlags;
+    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
+    let master = rustix::pty::openpt(flags)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    // TIOCGPTPEER opens the slave through the master, never by a path
+    // another process could have changed; kernels before 4.13 name it.
+    let slave = match rustix::pty::ioctl_tiocgptpeer(&master, flags) {
+        Ok(slave) => slave,
+        Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOTTY) => {
+            let path = rustix::pty::ptsname(&master, Vec::new())?;
+            rustix::fs::open(
+                path.as_c_str(),
+                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?
+        }
+        Err(errno) => return Err(errno.into()),
+    };
+    if let Some(uid) = owner {
+        rustix::fs::fchown(&slave, Some(rustix::fs::Uid::from_raw_unchecked(uid)), None)?;
+    }
+    set_size(&master, size)?;
+    rustix::io::ioctl_fionbio(&master, true)?;
+    Ok((master, slave))
+}
+
+/// Sets the size of a terminal (`TIOCSWINSZ`); the kernel sends SIGWINCH
+/// to its foreground process group when the size changes.
+fn set_size(terminal: impl AsFd, size: PtySize) -> io::Result<()> {
+    rustix::termios::tcsetwinsize(
+        terminal,
+        rustix::termios::Winsize {
+            ws_row: size.rows,
+            ws_col: size.cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )?;
+    Ok(())
+}
+
+/// Checks a terminal size: programs divide by it and draw nothing in zero.
+fn validate_size(size: PtySize) -> Result<(), Failure> {
+    if size.cols == 0 || size.rows == 0 {
+        return Err(Failure::invalid(format!(
+            "a terminal of {} columns and {} rows has no room; both must be at least 1",
+            size.cols, size.rows
+        )));
+    }
+    Ok(())
 }
 
 /// Sends `signal` to the process group `pgid`.
@@ -211,6 +314,9 @@ fn validate(req: &SpawnRequest) -> Result<(), Failure> {
             "the working directory contains a NUL byte",
         ));
     }
+    if let Some(size) = req.pty {
+        validate_size(size)?;
+    }
     Ok(())
 }
 
@@ -262,17 +368,32 @@ fn launch(plan: Launch) -> Result<Launched, Failure> {
         }
     }
     let mut command = Command::new(&plan.cmd);
-    command
-        .args(&plan.args)
-        .env_clear()
-        .envs(&plan.env)
-        .stdin(if plan.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    command.args(&plan.args).env_clear().envs(&plan.env);
+    // The master; the slave's descriptors live in `command` only, so none
+    // is left in the agent once the command is dropped after the spawn.
+    let terminal = match plan.pty {
+        Some(size) => {
+            let opened = open_terminal(size, plan.terminal_owner).and_then(|(master, slave)| {
+                command
+                    .stdin(Stdio::from(slave.try_clone()?))
+                    .stdout(Stdio::from(slave.try_clone()?))
+                    .stderr(Stdio::from(slave));
+                Ok(master)
+            });
+            Some(opened.map_err(|error| Failure::io("a terminal could not be opened", &error))?)
+        }
+        None => {
+            command
+                .stdin(if plan.stdin {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+    };
     let setup = plan.setup;
     // SAFETY: the closure runs in the forked child before exec, where only
     // async-signal-safe work is allowed. `ChildSetup::apply` makes raw system
@@ -290,6 +411,7 @@ fn launch(plan: Launch) -> Result<Launched, Failure> {
         stdin: child.stdin.take().map(OwnedFd::from),
         stdout: child.stdout.take().map(OwnedFd::from),
         stderr: child.stderr.take().map(OwnedFd::from),
+        terminal,
     })
 }
 
@@ -339,13 +461,25 @@ impl Processes {
         };
         let cwd_c = CString::new(cwd.as_os_str().as_bytes())
             .map_err(|_| Failure::invalid("the working directory contains a NUL byte"))?;
+        let mut env = req.env.clone();
+        let mut setup = ChildSetup::new(&req.limits, req.user, self.config.drop_privileges, cwd_c);
+        if req.pty.is_some() {
+            env.entry("TERM".to_owned())
+                .or_insert_with(|| DEFAULT_TERM.to_owned());
+            setup = setup.on_terminal();
+        }
+        let terminal_owner =
+            (req.pty.is_some() && self.config.drop_privileges && req.user == Identity::User)
+                .then_some(crate::privileges::USER_ID);
         let plan = Launch {
             cmd: req.cmd.clone(),
             args: req.args.clone(),
-            env: req.env.clone(),
+            env,
             cwd,
             stdin: req.stdin,
-            setup: ChildSetup::new(&req.limits, req.user, self.config.drop_privileges, cwd_c),
+            pty: req.pty,
+            terminal_owner,
+            setup,
         };
         // Launched on the runtime thread: fork and exec take a fraction of a
         // millisecond, less than handing the work to a blocking-pool thread
@@ -369,9 +503,13 @@ impl Processes {
             .map(pipe::Receiver::from_owned_fd)
             .transpose();
         let stdin = launched.stdin.map(pipe::Sender::from_owned_fd).transpose();
-        let (stdout, stderr, stdin) = match (stdout, stderr, stdin) {
-            (Ok(stdout), Ok(stderr), Ok(stdin)) => (stdout, stderr, stdin),
-            (Err(error), _, _) | (_, Err(error), _) | (_, _, Err(error)) => {
+        let terminal = launched.terminal.map(terminal_ends).transpose();
+        let (stdout, stderr, stdin, terminal) = match (stdout, stderr, stdin, terminal) {
+            (Ok(stdout), Ok(stderr), Ok(stdin), Ok(terminal)) => (stdout, stderr, stdin, terminal),
+            (Err(error), _, _, _)
+            | (_, Err(error), _, _)
+            | (_, _, Err(error), _)
+            | (_, _, _, Err(error)) => {
                 let _ = kill_group(pid, libc::SIGKILL);
                 let _ = ended.await;
                 return Err(Failure::new(
@@ -385,6 +523,16 @@ impl Processes {
             }
         };
 
+        // A terminal's master is read as the output and written as stdin.
+        let (stdout, stdin, terminal) = match terminal {
+            Some(ends) => (
+                Some(ends.reader),
+                Some(ends.writer),
+                Terminal::Open(ends.control),
+            ),
+            None => (stdout, stdin, Terminal::Absent),
+        };
+        let on_terminal = matches!(terminal, Terminal::Open(_));
         let (exited_tx, exited_rx) = watch::channel(false);
         let stdin_state = match stdin {
             Some(pipe) => {
@@ -415,6 +563,7 @@ impl Processes {
                     },
                     reaped: false,
                     stdin: stdin_state,
+                    terminal,
                     waiters: Vec::new(),
                 },
             );
@@ -427,6 +576,7 @@ impl Processes {
             ended,
             stdout,
             stderr,
+            on_terminal,
             exited_tx,
             exited_rx,
             timeout: req.timeout_ms.map(Duration::from_millis),
@@ -441,6 +591,7 @@ impl Processes {
             mut ended,
             stdout,
             stderr,
+            on_terminal,
             exited_tx,
             exited_rx,
             timeout,
@@ -448,14 +599,33 @@ impl Processes {
         } = running;
         // If the host is gone, shutdown kills and reaps the process.
         let _ = self.outbox.send(id, Event::Started { pid }).await;
-        let out_pump = tokio::spawn(pump(
-            self.outbox.clone(),
-            id,
-            Stream::Stdout,
-            stdout,
-            output_limit,
-            exited_rx.clone(),
-        ));
+        let out_pump = if on_terminal {
+            let this = Arc::clone(&self);
+            let pumped = pump(
+                self.outbox.clone(),
+                id,
+                Stream::Pty,
+                stdout,
+                output_limit,
+                exited_rx.clone(),
+            );
+            tokio::spawn(async move {
+                let cut = pumped.await;
+                if cut {
+                    this.hang_up(pid);
+                }
+                cut
+            })
+        } else {
+            tokio::spawn(pump(
+                self.outbox.clone(),
+                id,
+                Stream::Stdout,
+                stdout,
+                output_limit,
+                exited_rx.clone(),
+            ))
+        };
         let err_pump = tokio::spawn(pump(
             self.outbox.clone(),
             id,
@@ -526,6 +696,9 @@ impl Processes {
     pub(crate) fn write_stdin(&self, id: u64, pid: u32, data: Vec<u8>) -> Result<(), Failure> {
         let table = locked(&self.table);
         let entry = live_entry(&table, pid)?;
+        if matches!(entry.terminal, Terminal::HungUp) {
+            return Err(hung_up(pid));
+        }
         match &entry.stdin {
             Stdin::Absent => Err(Failure::invalid(format!(
                 "process {pid} was started without a stdin pipe"
@@ -566,6 +739,12 @@ impl Processes {
             .get_mut(&pid)
             .filter(|entry| !entry.reaped)
             .ok_or_else(|| not_running(pid))?;
+        if !matches!(entry.terminal, Terminal::Absent) {
+            return Err(Failure::invalid(format!(
+                "process {pid} reads from a terminal, whose input cannot be closed; \
+                 write ^D (0x04) to it to end the input of a program reading it"
+            )));
+        }
         match std::mem::replace(&mut entry.stdin, Stdin::Closed) {
             Stdin::Absent => {
                 entry.stdin = Stdin::Absent;
@@ -579,6 +758,40 @@ impl Processes {
             Stdin::Open { tx, .. } => tx.send(StdinOp { id, data: None }).map_err(|_| {
                 Failure::invalid(format!("the stdin of process {pid} is already closed"))
             }),
+        }
+    }
+
+    /// Handles `resize`: sets the size of the terminal of `pid`.
+    pub(crate) fn resize(&self, pid: u32, size: PtySize) -> Result<Event, Failure> {
+        validate_size(size)?;
+        let table = locked(&self.table);
+        match &live_entry(&table, pid)?.terminal {
+            Terminal::Absent => Err(Failure::invalid(format!(
+                "process {pid} was started without a terminal"
+            ))),
+            Terminal::HungUp => Err(hung_up(pid)),
+            Terminal::Open(master) => {
+                set_size(master, size)
+                    .map(|()| Event::Done)
+                    .map_err(|error| {
+                        Failure::io(
+                            format!("cannot resize the terminal of process {pid}"),
+                            &error,
+                        )
+                    })
+            }
+        }
+    }
+
+    /// Closes the descriptors of the terminal of `pid` that the table holds
+    /// (the one to resize and, by ending its stdin task, the writer); with
+    /// the reader the pump dropped, the master is closed and the terminal
+    /// hangs up.
+    fn hang_up(&self, pid: u32) {
+        let mut table = locked(&self.table);
+        if let Some(entry) = table.running.get_mut(&pid) {
+            entry.terminal = Terminal::HungUp;
+            entry.stdin = Stdin::Closed;
         }
     }
 
@@ -705,8 +918,11 @@ impl Processes {
 struct Running {
     pid: u32,
     ended: oneshot::Receiver<Ended>,
+    /// The pipe of stdout, or the master of the terminal.
     stdout: Option<pipe::Receiver>,
     stderr: Option<pipe::Receiver>,
+    /// `stdout` is the master of the process's terminal.
+    on_terminal: bool,
     exited_tx: watch::Sender<bool>,
     exited_rx: watch::Receiver<bool>,
     timeout: Option<Duration>,
@@ -718,6 +934,37 @@ fn not_running(pid: u32) -> Failure {
         ErrorKind::NotFound,
         format!("no process {pid} started by the agent is running"),
     )
+}
+
+fn hung_up(pid: u32) -> Failure {
+    Failure::new(
+        ErrorKind::Closed,
+        format!("the terminal of process {pid} hung up when its output passed the limit"),
+    )
+}
+
+/// The agent's three descriptors of a terminal's master.
+struct TerminalEnds {
+    /// Read by the output pump.
+    reader: pipe::Receiver,
+    /// Written by the stdin task.
+    writer: pipe::Sender,
+    /// Kept in the table to resize the terminal.
+    control: OwnedFd,
+}
+
+/// Splits a (non-blocking) master into the ends the tasks use. tokio's
+/// pipe types only wait for readiness and call `read`/`write` on the
+/// descriptor, which is all a master needs too; the unchecked constructors
+/// skip their check that the descriptor is a FIFO.
+fn terminal_ends(master: OwnedFd) -> io::Result<TerminalEnds> {
+    let reader = master.try_clone()?;
+    let control = master.try_clone()?;
+    Ok(TerminalEnds {
+        reader: pipe::Receiver::from_owned_fd_unchecked(reader)?,
+        writer: pipe::Sender::from_owned_fd_unchecked(master)?,
+        control,
+    })
 }
 
 fn live_entry(table: &Table, pid: u32) -> Result<&Entry, Failure> {

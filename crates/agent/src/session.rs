@@ -211,6 +211,12 @@ impl Session {
                     self.outbox.fail(id, failure).await;
                 }
             }
+            Request::Resize { pid, cols, rows } => {
+                let answer = self
+                    .processes
+                    .resize(pid, airlock_protocol::PtySize { cols, rows });
+                self.outbox.answer(id, answer).await;
+            }
             Request::Signal { pid, signal } => {
                 let answer = self.processes.signal(pid, signal);
                 self.outbox.answer(id, answer).await;

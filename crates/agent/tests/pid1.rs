@@ -11,7 +11,7 @@ mod common;
 
 use airlock_agent::{serve, AgentConfig};
 use airlock_protocol::{ErrorKind, Event, Identity, Request, PROTOCOL_VERSION};
-use common::{sh, Agent};
+use common::{on_terminal, sh, Agent};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -125,6 +125,27 @@ async fn pid1_sandbox() {
         ],
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // On a terminal the identity and cwd are the same, and the terminal's
+    // slave belongs to the user (as a login's would).
+    let out = agent
+        .run(on_terminal(
+            sh("id -u; id -G; grep CapEff /proc/self/status; pwd; stat -c %u \"$(tty)\""),
+            80,
+            24,
+        ))
+        .await;
+    assert_eq!(
+        lines(&out.pty),
+        vec![
+            "1000".to_owned(),
+            "1000".to_owned(),
+            format!("CapEff: {zero}"),
+            user_dir.to_str().unwrap().to_owned(),
+            "1000".to_owned(),
+        ],
+        "terminal of a user process"
     );
 
     // Identity::Root: uid 0 with exactly the kept capabilities.

@@ -288,6 +288,7 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
                 RunAs::Root => Identity::Root,
             },
             stdin: true,
+            pty: None,
             timeout_ms: None,
             output_limit: spec.limits.output_bytes,
             limits: ProcessLimits {

@@ -266,15 +266,148 @@ fn commands_run_with_output_exit_codes_stdin_list_and_signals() {
     );
     assert_eq!(missing.status, 404, "{}", missing.text());
     assert_eq!(missing.code(), "not_found");
+}
 
-    // PTY is refused clearly.
-    let (pty, _) = sbx.stream(
-        "process.Process/Start",
-        json!({"process": {"cmd": "/bin/bash"}, "pty": {"size": {"cols": 80, "rows": 24}}}),
-        &[],
+#[test]
+fn terminals_start_take_input_resize_and_end() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+    let script = "test -t 0 && test -t 1 && echo on-a-tty; stty size; read line; \
+                  echo \"got $line\"; stty size; exit 3";
+    let (pid, (answer, frames)) = std::thread::scope(|scope| {
+        let start = scope.spawn(|| {
+            sbx.stream(
+                "process.Process/Start",
+                json!({"process": {"cmd": "/bin/sh", "args": ["-c", script]},
+                       "pty": {"size": {"cols": 80, "rows": 24}}, "tag": "term"}),
+                &[],
+            )
+        });
+        let mut pid = 0;
+        assert!(TestDaemon::wait_for(Duration::from_secs(10), || {
+            let list = sbx.unary("process.Process/List", json!({})).json();
+            if let Some(p) = list["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["tag"] == "term")
+            {
+                pid = p["pid"].as_u64().unwrap();
+            }
+            pid > 0
+        }));
+        // Input of the wrong kind, and closing a terminal's input, are refused.
+        let piped = sbx.unary(
+            "process.Process/SendInput",
+            json!({"process": {"pid": pid}, "input": {"stdin": b64("x\n")}}),
+        );
+        assert_eq!(piped.status, 400, "{}", piped.text());
+        assert_eq!(piped.code(), "invalid_argument");
+        let closed = sbx.unary(
+            "process.Process/CloseStdin",
+            json!({"process": {"pid": pid}}),
+        );
+        assert_eq!(closed.status, 400, "{}", closed.text());
+        // Update without pty changes nothing; with a zero size it is refused.
+        let nothing = sbx.unary("process.Process/Update", json!({"process": {"pid": pid}}));
+        assert_eq!(nothing.status, 200, "{}", nothing.text());
+        let zero = sbx.unary(
+            "process.Process/Update",
+            json!({"process": {"pid": pid}, "pty": {"size": {"cols": 100}}}),
+        );
+        assert_eq!(zero.status, 400, "{}", zero.text());
+        let resized = sbx.unary(
+            "process.Process/Update",
+            json!({"process": {"pid": pid}, "pty": {"size": {"cols": 100, "rows": 30}}}),
+        );
+        assert_eq!(resized.status, 200, "{}", resized.text());
+        let typed = sbx.unary(
+            "process.Process/SendInput",
+            json!({"process": {"pid": pid}, "input": {"pty": b64("hello\n")}}),
+        );
+        assert_eq!(typed.status, 200, "{}", typed.text());
+        (pid, start.join().unwrap())
+    });
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert!(
+        frames
+            .iter()
+            .all(|(_, f)| f["event"]["data"].get("stdout").is_none()
+                && f["event"]["data"].get("stderr").is_none()),
+        "a terminal's output comes as data.pty only: {frames:?}"
     );
-    assert_eq!(pty.status, 501);
-    assert_eq!(pty.code(), "unimplemented");
+    let shown: String = frames
+        .iter()
+        .filter_map(|(_, f)| f["event"]["data"]["pty"].as_str())
+        .map(unb64)
+        .collect();
+    // The first size, the echo of the typed line, the answer, the new size.
+    assert_eq!(
+        shown,
+        "on-a-tty\r\n24 80\r\nhello\r\ngot hello\r\n30 100\r\n"
+    );
+    let end = frames
+        .iter()
+        .find_map(|(_, f)| f["event"].get("end").cloned())
+        .unwrap();
+    assert_eq!(end["exitCode"], 3);
+
+    // The native API shows a terminal's output as stdout.
+    let native = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{}/processes/{pid}/output", sbx.id),
+        None,
+    );
+    assert_eq!(native.status, 200, "{}", native.text());
+    let stdout: String = native
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["type"] == "stdout")
+        .filter_map(|l| l["data"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(stdout, shown, "{}", native.text());
+
+    // A process on pipes has no terminal to type into or resize.
+    let (answer, _) = std::thread::scope(|scope| {
+        let start = scope.spawn(|| {
+            sbx.stream(
+                "process.Process/Start",
+                json!({"process": {"cmd": "/bin/sleep", "args": ["60"]}, "tag": "piped"}),
+                &[],
+            )
+        });
+        let mut pid = 0;
+        assert!(TestDaemon::wait_for(Duration::from_secs(10), || {
+            let list = sbx.unary("process.Process/List", json!({})).json();
+            if let Some(p) = list["processes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["tag"] == "piped")
+            {
+                pid = p["pid"].as_u64().unwrap();
+            }
+            pid > 0
+        }));
+        let typed = sbx.unary(
+            "process.Process/SendInput",
+            json!({"process": {"pid": pid}, "input": {"pty": b64("x")}}),
+        );
+        assert_eq!(typed.status, 400, "{}", typed.text());
+        let resized = sbx.unary(
+            "process.Process/Update",
+            json!({"process": {"pid": pid}, "pty": {"size": {"cols": 100, "rows": 30}}}),
+        );
+        assert_eq!(resized.status, 400, "{}", resized.text());
+        let killed = sbx.unary(
+            "process.Process/SendSignal",
+            json!({"process": {"pid": pid}, "signal": "SIGNAL_SIGKILL"}),
+        );
+        assert_eq!(killed.status, 200, "{}", killed.text());
+        start.join().unwrap()
+    });
+    assert_eq!(answer.status, 200);
 }
 
 #[test]

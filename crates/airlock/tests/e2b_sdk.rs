@@ -26,6 +26,7 @@ const PYTHON_SUITES: &[&str] = &[
     "test_failures.py",
     "test_async.py",
     "test_code_interpreter.py",
+    "test_pty.py",
 ];
 
 /// The `node --test` files of `tests/e2b-js/` that run.

@@ -79,6 +79,7 @@ fn spawn(cmd: &str) -> Request {
         cwd: None,
         user: Identity::User,
         stdin: false,
+        pty: None,
         timeout_ms: None,
         output_limit: 1 << 20,
         limits: ProcessLimits {

@@ -360,6 +360,9 @@ pub async fn exec(
                 user: body.user.map(Into::into),
                 timeout_ms,
                 stdin: body.stdin,
+                // The native API starts no terminals; one started through
+                // another dialect streams here as stdout (see the hub).
+                pty: None,
                 tag: None,
             },
             &request_id.0,

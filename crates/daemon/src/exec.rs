@@ -6,6 +6,13 @@
 //! can attach later (`GET …/processes/{pid}/output`) and still see the
 //! recent output, then follow it live, then the exit.
 //!
+//! A process on a terminal has one output, what the terminal shows (stdout
+//! and stderr merged, the echo of its input included). The hub carries it as
+//! [`Output::Stdout`] and says so in [`ProcessHub::pty`]: a client that
+//! knows terminals (e2b's envd dialect) labels it as terminal output, and
+//! every other one (the native NDJSON stream) shows it as the stdout it
+//! mostly is, with no third stream kind to learn.
+//!
 //! Delivery to attached clients is lossless with backpressure: the pump
 //! waits for each client's bounded queue, so a slow client slows the
 //! process's output (through the agent protocol's own backpressure) rather
@@ -114,6 +121,8 @@ pub struct ProcessHub {
     pub env: BTreeMap<String, String>,
     /// The working directory the request named.
     pub cwd: Option<String>,
+    /// It runs on a terminal: its `Stdout` items are the terminal's output.
+    pub pty: bool,
     state: Mutex<HubState>,
 }
 
@@ -148,6 +157,7 @@ impl ProcessHub {
             tag: None,
             env: BTreeMap::new(),
             cwd: None,
+            pty: false,
             state: Mutex::new(HubState::default()),
         }
     }
@@ -163,6 +173,12 @@ impl ProcessHub {
         self.tag = tag;
         self.env = env;
         self.cwd = cwd;
+        self
+    }
+
+    /// The same hub, marked as a process on a terminal when `pty`.
+    pub fn on_terminal(mut self, pty: bool) -> Self {
+        self.pty = pty;
         self
     }
 
@@ -297,7 +313,8 @@ pub async fn pump(
     loop {
         match events.next().await {
             Ok(Some(frame)) => match frame.msg {
-                Event::Stdout => hub.publish(Output::Stdout(frame.payload)).await,
+                // A terminal's output is carried as stdout; see the module docs.
+                Event::Stdout | Event::Pty => hub.publish(Output::Stdout(frame.payload)).await,
                 Event::Stderr => hub.publish(Output::Stderr(frame.payload)).await,
                 Event::Exited(status) => {
                     let info = exit_info(&status, requested_at, &oom_check);

@@ -5,7 +5,7 @@ use crate::exec::{pump, Attached, ProcessHub, ProcessView, ENDED_KEPT};
 use crate::metrics::{ExecOutcome, OutcomeLabel};
 use crate::{closed, identity, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
-use airlock_protocol::{Event, ProcessLimits, Request, SpawnRequest};
+use airlock_protocol::{Event, ProcessLimits, PtySize, Request, SpawnRequest};
 use airlock_store::Stream;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -29,6 +29,10 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Whether its stdin is a pipe fed through the API.
     pub stdin: bool,
+    /// Run it on a new terminal of this size instead of pipes: the terminal
+    /// is its input (`write_stdin`) and its output, which the hub carries
+    /// as stdout (see [`ProcessHub::pty`]).
+    pub pty: Option<PtySize>,
     /// A name to find it by later; unique among the sandbox's running
     /// processes.
     pub tag: Option<String>,
@@ -75,6 +79,7 @@ impl Daemon {
                 cwd: request.cwd.clone().or_else(|| sandbox.spec.cwd.clone()),
                 user: identity(user),
                 stdin: request.stdin,
+                pty: request.pty,
                 timeout_ms: request.timeout_ms,
                 output_limit: limits.output_bytes,
                 limits: ProcessLimits {
@@ -114,7 +119,8 @@ impl Daemon {
                 request.tag.clone(),
                 request.env.clone(),
                 request.cwd.clone(),
-            ),
+            )
+            .on_terminal(request.pty.is_some()),
         );
         let attached = hub.attach();
         {
@@ -308,6 +314,18 @@ impl Daemon {
     /// Closes the stdin of `pid`.
     pub async fn close_stdin(&self, id: &str, pid: u32) -> Result<(), DaemonError> {
         self.done(id, Request::CloseStdin { pid }, Vec::new()).await
+    }
+
+    /// Sets the size of the terminal of `pid` (started with `pty`).
+    pub async fn resize(
+        &self,
+        id: &str,
+        pid: u32,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(), DaemonError> {
+        self.done(id, Request::Resize { pid, cols, rows }, Vec::new())
+            .await
     }
 
     /// Sends `signal` to the process group of `pid`.

@@ -32,12 +32,21 @@ pub enum Request {
     /// First request on a stream. Answered by [`Event::Hello`] or an error.
     Hello { version: u32 },
     /// Starts a process. Answered by `started`, then `stdout`/`stderr`
-    /// chunks, then a final `exited` (or a final `error` if it could not start).
+    /// chunks (`pty` chunks for a process with a terminal), then a final
+    /// `exited` (or a final `error` if it could not start).
     Spawn(SpawnRequest),
-    /// Appends the payload to the stdin of `pid`. Answered by `done`.
+    /// Appends the payload to the stdin of `pid`; for a process with a
+    /// terminal, to the terminal's input (as if typed). Answered by `done`.
     WriteStdin { pid: u32 },
-    /// Closes the stdin of `pid`. Answered by `done`.
+    /// Closes the stdin of `pid`. Answered by `done`. A terminal's input
+    /// cannot be closed (`invalid_argument`): write `^D` (0x04) to it, which
+    /// a program reading the terminal sees as the end of its input.
     CloseStdin { pid: u32 },
+    /// Sets the size of the terminal of `pid` (started with `pty`); the
+    /// kernel sends SIGWINCH to the terminal's foreground process group.
+    /// Answered by `done`; `invalid_argument` for a process without a
+    /// terminal or a size with a zero.
+    Resize { pid: u32, cols: u16, rows: u16 },
     /// Sends `signal` to the process group of `pid`. Answered by `done`.
     Signal { pid: u32, signal: i32 },
     /// Lists the processes the agent started that are still running.
@@ -147,8 +156,15 @@ pub struct SpawnRequest {
     #[serde(default)]
     pub user: Identity,
     /// Whether stdin is a pipe fed by `write_stdin` (otherwise /dev/null).
+    /// Ignored with `pty`: the terminal is always the input.
     #[serde(default)]
     pub stdin: bool,
+    /// Run the process on a new terminal of this size instead of pipes: the
+    /// terminal is its stdin, stdout, stderr and controlling terminal, and
+    /// its output comes as `pty` events. Omitted when absent, so a request
+    /// without a terminal reads the same as before the field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
     /// Kill the process group after this many milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -157,6 +173,14 @@ pub struct SpawnRequest {
     pub output_limit: u64,
     /// Resource limits of the process.
     pub limits: ProcessLimits,
+}
+
+/// The size of a terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
 }
 
 /// Agent → host.
@@ -171,6 +195,12 @@ pub enum Event {
     Stdout,
     /// Output chunk (payload).
     Stderr,
+    /// Output chunk of a process with a terminal (payload): what the
+    /// terminal shows, stdout and stderr merged and the echo of the input
+    /// included, so it is neither stream. Counts as stdout for
+    /// `output_limit` and `stdout_truncated`; at the limit the terminal
+    /// hangs up (its processes get SIGHUP, as when a terminal closes).
+    Pty,
     /// A process ended (final for `spawn` and `wait`).
     Exited(ExitStatus),
     /// Answer to `list_processes` (final).
@@ -210,6 +240,7 @@ impl Event {
             Event::Started { .. }
                 | Event::Stdout
                 | Event::Stderr
+                | Event::Pty
                 | Event::FileData
                 | Event::Keepalive
                 | Event::FsEvent { .. }

@@ -13,6 +13,7 @@ async fn frames_round_trip_with_payload() {
         cwd: None,
         user: Identity::User,
         stdin: true,
+        pty: None,
         timeout_ms: Some(10),
         output_limit: 1024,
         limits: ProcessLimits {
@@ -159,6 +160,61 @@ async fn watch_and_cancel_round_trip() {
         &encoded[8..],
         br#"{"id":4,"msg":{"event":"fs_event","kind":"rename","path":"/x"}}"#
     );
+}
+
+/// Terminals are additions to version 1: a spawn without `pty` is written
+/// and read exactly as before the field existed (an older agent, whose
+/// `spawn` refuses unknown fields, still takes it), and the new request and
+/// event have their own names.
+#[test]
+fn terminals_are_compatible_additions() {
+    let spawn = SpawnRequest {
+        cmd: "sh".into(),
+        args: vec![],
+        env: BTreeMap::new(),
+        cwd: None,
+        user: Identity::User,
+        stdin: false,
+        pty: None,
+        timeout_ms: None,
+        output_limit: 10,
+        limits: ProcessLimits {
+            nofile: 64,
+            fsize_bytes: 1,
+        },
+    };
+    let old = r#"{"op":"spawn","cmd":"sh","args":[],"env":{},"cwd":null,"user":"user","stdin":false,"timeout_ms":null,"output_limit":10,"limits":{"nofile":64,"fsize_bytes":1}}"#;
+    assert_eq!(
+        serde_json::to_string(&Request::Spawn(spawn.clone())).unwrap(),
+        old
+    );
+    assert_eq!(
+        serde_json::from_str::<Request>(old).unwrap(),
+        Request::Spawn(spawn.clone())
+    );
+
+    let with_pty = Request::Spawn(SpawnRequest {
+        pty: Some(PtySize { cols: 80, rows: 24 }),
+        ..spawn
+    });
+    let json = serde_json::to_string(&with_pty).unwrap();
+    assert!(json.contains(r#""pty":{"cols":80,"rows":24}"#), "{json}");
+    assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), with_pty);
+    assert!(serde_json::from_str::<PtySize>(r#"{"cols":1,"rows":2,"x":3}"#).is_err());
+
+    let resize = Request::Resize {
+        pid: 7,
+        cols: 132,
+        rows: 43,
+    };
+    let json = r#"{"op":"resize","pid":7,"cols":132,"rows":43}"#;
+    assert_eq!(serde_json::to_string(&resize).unwrap(), json);
+    assert_eq!(serde_json::from_str::<Request>(json).unwrap(), resize);
+    assert_eq!(
+        serde_json::to_string(&Event::Pty).unwrap(),
+        r#"{"event":"pty"}"#
+    );
+    assert!(!Event::Pty.is_final());
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use airlock_agent::{serve, AgentConfig, AgentError};
 use airlock_protocol::{
-    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, Request,
+    read_frame, write_frame, Event, ExitStatus, Frame, Identity, ProcessLimits, PtySize, Request,
     SpawnRequest,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -33,6 +33,8 @@ pub struct Output {
     pub pid: u32,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// What the process's terminal showed (`pty` events).
+    pub pty: Vec<u8>,
     pub status: ExitStatus,
 }
 
@@ -47,6 +49,7 @@ pub fn command(cmd: &str, args: &[&str]) -> SpawnRequest {
         cwd: None,
         user: Identity::User,
         stdin: false,
+        pty: None,
         timeout_ms: None,
         output_limit: 1 << 20,
         limits: ProcessLimits {
@@ -59,6 +62,12 @@ pub fn command(cmd: &str, args: &[&str]) -> SpawnRequest {
 /// A spawn request for `sh -c script`.
 pub fn sh(script: &str) -> SpawnRequest {
     command("sh", &["-c", script])
+}
+
+/// `spawn` on a new terminal of `cols` x `rows`.
+pub fn on_terminal(mut spawn: SpawnRequest, cols: u16, rows: u16) -> SpawnRequest {
+    spawn.pty = Some(PtySize { cols, rows });
+    spawn
 }
 
 impl Agent {
@@ -226,6 +235,7 @@ impl Agent {
             pid,
             stdout: Vec::new(),
             stderr: Vec::new(),
+            pty: Vec::new(),
             status: ExitStatus {
                 pid: 0,
                 code: None,
@@ -246,6 +256,10 @@ impl Agent {
                 Event::Stderr => {
                     assert!(frame.payload.len() <= 64 * 1024);
                     out.stderr.extend_from_slice(&frame.payload);
+                }
+                Event::Pty => {
+                    assert!(frame.payload.len() <= 64 * 1024);
+                    out.pty.extend_from_slice(&frame.payload);
                 }
                 Event::Exited(status) => {
                     assert_eq!(status.pid, pid);

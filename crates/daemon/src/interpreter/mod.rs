@@ -441,6 +441,7 @@ impl Daemon {
                 cwd: Some(context.view.cwd.clone()),
                 user: identity(context.user),
                 stdin: true,
+                pty: None,
                 timeout_ms: None,
                 // A kernel lives for many executions; each is bounded by
                 // its client, not by a lifetime cap.

@@ -2,12 +2,20 @@
 //! daemon's processes (exec, attach, stdin, signals). Message and field
 //! names follow envd's process service; the JSON is protobuf's (camelCase
 //! names, bytes in base64, enums by name).
+//!
+//! Terminals (`pty`) are processes the agent starts on a pseudo-terminal:
+//! their output streams as `data.pty`, `input.pty` is typed into them and
+//! `Update` resizes them. As in envd, input goes to the kind of input the
+//! process has (`input.stdin` to a terminal, or `input.pty` to a process
+//! on pipes, is refused) and a terminal's input cannot be closed
+//! (`CloseStdin`; write `^D` instead).
 
 use super::connect::{self, Code, ConnectError, StreamOptions};
 use super::{absolute, basic_user, Target};
 use crate::{Api, RequestId};
 use airlock_daemon::processes::ExecRequest;
 use airlock_daemon::{Attached, Output, ProcessHub};
+use airlock_protocol::PtySize;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -33,12 +41,42 @@ struct ProcessConfig {
     cwd: Option<String>,
 }
 
+/// `PTY`: a terminal and its size.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Pty {
+    size: Option<PtySizeMessage>,
+}
+
+/// `PTY.Size`; protobuf leaves zero fields out.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PtySizeMessage {
+    cols: u32,
+    rows: u32,
+}
+
+impl Pty {
+    /// The size, which must fit a terminal (1 to 65535 cells each way;
+    /// envd would truncate a larger one to 16 bits and take a zero).
+    fn size(&self) -> Result<PtySize> {
+        let size = self.size.as_ref();
+        let cells = |n: Option<u32>| u16::try_from(n.unwrap_or(0)).ok().filter(|n| *n > 0);
+        match (cells(size.map(|s| s.cols)), cells(size.map(|s| s.rows))) {
+            (Some(cols), Some(rows)) => Ok(PtySize { cols, rows }),
+            _ => Err(ConnectError::invalid(
+                "pty.size: cols and rows must each be between 1 and 65535",
+            )),
+        }
+    }
+}
+
 /// `StartRequest`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct StartRequest {
     process: Option<ProcessConfig>,
-    pty: Option<Value>,
+    pty: Option<Pty>,
     tag: Option<String>,
     stdin: Option<bool>,
 }
@@ -52,11 +90,19 @@ struct Selector {
 }
 
 /// The requests that name only a process: `ConnectRequest`,
-/// `CloseStdinRequest`, `UpdateRequest` (whose `pty` we refuse).
+/// `CloseStdinRequest`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct Selected {
     process: Option<Selector>,
+}
+
+/// `UpdateRequest`: a new terminal size, when `pty` is set.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct UpdateRequest {
+    process: Option<Selector>,
+    pty: Option<Pty>,
 }
 
 /// `ProcessInput`: a oneof of `stdin` and `pty`, bytes.
@@ -117,9 +163,7 @@ pub async fn call(
         "StreamInput" => stream_input(&api, id, &headers, body).await,
         "SendSignal" => send_signal(&api, id, &headers, body).await,
         "CloseStdin" => close_stdin(&api, id, &headers, body).await,
-        "Update" => Err(ConnectError::unimplemented(
-            "terminals (PTY) are not supported by airlock yet, so there is nothing to resize",
-        )),
+        "Update" => update(&api, id, &headers, body).await,
         _ => Err(ConnectError::unimplemented(format!(
             "process.Process has no method {method}"
         ))),
@@ -171,9 +215,11 @@ fn signal_name(signal: i32) -> String {
     }
 }
 
-/// The messages of one output item; `None` ends the stream.
-fn translate(id: &str, item: Output) -> Result<Value> {
+/// The messages of one output item of a process (on a terminal when `pty`:
+/// the hub carries a terminal's output as stdout).
+fn translate(id: &str, item: Output, pty: bool) -> Result<Value> {
     match item {
+        Output::Stdout(bytes) if pty => Ok(event(json!({"data": {"pty": base64(&bytes)}}))),
         Output::Stdout(bytes) => Ok(event(json!({"data": {"stdout": base64(&bytes)}}))),
         Output::Stderr(bytes) => Ok(event(json!({"data": {"stderr": base64(&bytes)}}))),
         Output::Exited(info) if info.timed_out => Err(ConnectError::new(
@@ -195,12 +241,13 @@ fn translate(id: &str, item: Output) -> Result<Value> {
 /// The stream of a process: `start`, its output, its `end`.
 fn process_stream(
     id: &str,
-    pid: u32,
+    hub: &ProcessHub,
     attached: Attached,
     headers: &HeaderMap,
     deadline: Option<Duration>,
 ) -> Response {
     let id = id.to_owned();
+    let (pid, pty) = (hub.pid, hub.pty);
     let start =
         futures_util::stream::once(async move { Ok(event(json!({"start": {"pid": pid}}))) });
     let rest = futures_util::stream::unfold((attached, false), move |(mut attached, done)| {
@@ -211,7 +258,7 @@ fn process_stream(
             }
             let item = attached.next().await?;
             let last = matches!(item, Output::Exited(_) | Output::Error { .. });
-            Some((translate(&id, item), (attached, last)))
+            Some((translate(&id, item, pty), (attached, last)))
         }
     });
     connect::stream_response(
@@ -232,11 +279,7 @@ async fn start(
     body: Body,
 ) -> Result<Response> {
     let request: StartRequest = connect::stream_request(headers, body).await?;
-    if request.pty.is_some() {
-        return Err(ConnectError::unimplemented(
-            "terminals (PTY) are not supported by airlock yet; run the command without one",
-        ));
-    }
+    let pty = request.pty.as_ref().map(Pty::size).transpose()?;
     let user = basic_user(headers)?;
     let timeout = connect::timeout(headers)?;
     let config = request
@@ -257,7 +300,9 @@ async fn start(
                 cwd,
                 user,
                 timeout_ms: timeout.map(|t| t.as_millis().max(1) as u64),
-                stdin: request.stdin.unwrap_or(false),
+                // A terminal is always the input; `stdin` is for pipes.
+                stdin: pty.is_none() && request.stdin.unwrap_or(false),
+                pty,
                 tag: request.tag.filter(|t| !t.is_empty()),
             },
             request_id,
@@ -266,7 +311,7 @@ async fn start(
     // The agent kills the process at its timeout and the stream then ends
     // with deadline_exceeded; this is only the backstop.
     let backstop = timeout.map(|t| t + Duration::from_secs(5));
-    Ok(process_stream(id, hub.pid, attached, headers, backstop))
+    Ok(process_stream(id, &hub, attached, headers, backstop))
 }
 
 /// The process a selector names.
@@ -302,7 +347,7 @@ async fn reattach(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Resul
             format!("process with pid {} not found", hub.pid),
         )
     })?;
-    Ok(process_stream(id, hub.pid, attached, headers, deadline))
+    Ok(process_stream(id, &hub, attached, headers, deadline))
 }
 
 async fn list(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
@@ -328,31 +373,68 @@ async fn list(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Re
     Ok(connect::unary_response(&json!({ "processes": processes })))
 }
 
-/// The stdin bytes of a `ProcessInput`.
-fn stdin_of(input: Option<ProcessInput>) -> Result<Vec<u8>> {
+/// The process input is for: its pid, and whether it runs on a terminal
+/// (`None` for a process the daemon did not start and cannot tell).
+fn select_input(api: &Api, id: &str, selector: Option<Selector>) -> Result<(u32, Option<bool>)> {
+    match selector {
+        Some(Selector { pid: Some(pid), .. }) => {
+            Ok((pid, api.daemon.process(id, pid).ok().map(|hub| hub.pty)))
+        }
+        other => {
+            let hub = select(api, id, other)?;
+            Ok((hub.pid, Some(hub.pty)))
+        }
+    }
+}
+
+/// The bytes of a `ProcessInput` for a process on a terminal (`pty`) or on
+/// pipes, refused when the input is of the other kind.
+fn input_of(input: Option<ProcessInput>, pty: Option<bool>) -> Result<Vec<u8>> {
     match input {
         Some(ProcessInput {
             stdin: Some(data), ..
-        }) => unbase64(&data),
-        Some(ProcessInput { pty: Some(_), .. }) => Err(ConnectError::unimplemented(
-            "terminals (PTY) are not supported by airlock yet",
-        )),
+        }) => match pty {
+            Some(true) => Err(ConnectError::invalid(
+                "input: the process runs on a terminal; send its input as pty, not stdin",
+            )),
+            _ => unbase64(&data),
+        },
+        Some(ProcessInput {
+            pty: Some(data), ..
+        }) => match pty {
+            Some(false) => Err(ConnectError::invalid(
+                "input: the process has no terminal; send its input as stdin, not pty",
+            )),
+            _ => unbase64(&data),
+        },
         _ => Ok(Vec::new()),
     }
 }
 
 async fn send_input(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
     let request: SendInputRequest = connect::unary_request(headers, body).await?;
-    let pid = select_pid(api, id, request.process)?;
-    let data = stdin_of(request.input)?;
+    let (pid, pty) = select_input(api, id, request.process)?;
+    let data = input_of(request.input, pty)?;
     api.daemon.write_stdin(id, pid, data).await?;
+    Ok(connect::unary_response(&json!({})))
+}
+
+/// `Update`: resizes the process's terminal when `pty` is set; without it
+/// there is nothing to change (as in envd).
+async fn update(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
+    let request: UpdateRequest = connect::unary_request(headers, body).await?;
+    let pid = select_pid(api, id, request.process)?;
+    if let Some(pty) = request.pty {
+        let size = pty.size()?;
+        api.daemon.resize(id, pid, size.cols, size.rows).await?;
+    }
     Ok(connect::unary_response(&json!({})))
 }
 
 async fn stream_input(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Result<Response> {
     connect::check_content_type(headers, true)?;
     let mut messages = connect::client_stream::<StreamInputRequest>(body);
-    let mut pid = None;
+    let mut target = None;
     let mut outcome: Result<()> = Ok(());
     while let Some(message) = messages.next().await {
         let message = match message {
@@ -363,21 +445,21 @@ async fn stream_input(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> R
             }
         };
         if let Some(start) = message.start {
-            match select_pid(api, id, start.process) {
-                Ok(p) => pid = Some(p),
+            match select_input(api, id, start.process) {
+                Ok(selected) => target = Some(selected),
                 Err(e) => {
                     outcome = Err(e);
                     break;
                 }
             }
         } else if let Some(data) = message.data {
-            let Some(pid) = pid else {
+            let Some((pid, pty)) = target else {
                 outcome = Err(ConnectError::invalid(
                     "the input stream must start with a start message naming the process",
                 ));
                 break;
             };
-            let written = match stdin_of(data.input) {
+            let written = match input_of(data.input, pty) {
                 Ok(bytes) => api
                     .daemon
                     .write_stdin(id, pid, bytes)
@@ -456,19 +538,23 @@ mod tests {
     #[test]
     fn output_translates_to_process_events() {
         assert_eq!(
-            translate("sbx-1", Output::Stdout(b"hi\n".to_vec())).unwrap(),
+            translate("sbx-1", Output::Stdout(b"hi\n".to_vec()), false).unwrap(),
             json!({"event": {"data": {"stdout": "aGkK"}}})
         );
         assert_eq!(
-            translate("sbx-1", Output::Exited(exit(Some(0), None))).unwrap(),
+            translate("sbx-1", Output::Stdout(b"hi\n".to_vec()), true).unwrap(),
+            json!({"event": {"data": {"pty": "aGkK"}}})
+        );
+        assert_eq!(
+            translate("sbx-1", Output::Exited(exit(Some(0), None)), false).unwrap(),
             json!({"event": {"end": {"exitCode": 0, "exited": true, "status": "exit status 0"}}})
         );
         assert_eq!(
-            translate("sbx-1", Output::Exited(exit(Some(2), None))).unwrap()["event"]["end"]
+            translate("sbx-1", Output::Exited(exit(Some(2), None)), false).unwrap()["event"]["end"]
                 ["error"],
             "exit status 2"
         );
-        let killed = translate("sbx-1", Output::Exited(exit(None, Some(9)))).unwrap();
+        let killed = translate("sbx-1", Output::Exited(exit(None, Some(9))), false).unwrap();
         assert_eq!(killed["event"]["end"]["exitCode"], -1);
         assert_eq!(killed["event"]["end"]["status"], "signal: killed");
         let gone = translate(
@@ -477,6 +563,7 @@ mod tests {
                 code: "sandbox_not_running",
                 message: "gone".into(),
             },
+            false,
         )
         .unwrap_err();
         assert_eq!(gone.code, Code::Unavailable);
@@ -495,11 +582,64 @@ mod tests {
         let input: SendInputRequest =
             connect::decode(br#"{"process":{"pid":12},"input":{"stdin":"aGk="}}"#).unwrap();
         assert_eq!(input.process.unwrap().pid, Some(12));
-        assert_eq!(stdin_of(input.input).unwrap(), b"hi");
+        assert_eq!(input_of(input.input, Some(false)).unwrap(), b"hi");
         let signal: SendSignalRequest =
             connect::decode(br#"{"process":{"tag":"t"},"signal":"SIGNAL_SIGKILL"}"#).unwrap();
         assert_eq!(signal_number(&signal.signal).unwrap(), 9);
         assert_eq!(signal_number(&json!(15)).unwrap(), 15);
         assert!(signal_number(&json!("SIGNAL_UNSPECIFIED")).is_err());
+    }
+
+    #[test]
+    fn terminal_requests_parse_as_the_sdk_writes_them() {
+        let start: StartRequest = connect::decode(
+            br#"{"process":{"cmd":"/bin/bash","args":["-i","-l"],"envs":{"TERM":"xterm"}},"pty":{"size":{"cols":80,"rows":24}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            start.pty.unwrap().size().unwrap(),
+            PtySize { cols: 80, rows: 24 }
+        );
+        let update: UpdateRequest =
+            connect::decode(br#"{"process":{"pid":5},"pty":{"size":{"cols":120,"rows":40}}}"#)
+                .unwrap();
+        assert_eq!(
+            update.pty.unwrap().size().unwrap(),
+            PtySize {
+                cols: 120,
+                rows: 40
+            }
+        );
+        // Protobuf leaves a zero out; a terminal needs both, within 16 bits.
+        for bad in [
+            &br#"{"pty":{}}"#[..],
+            br#"{"pty":{"size":{"cols":80}}}"#,
+            br#"{"pty":{"size":{"cols":70000,"rows":24}}}"#,
+        ] {
+            let update: UpdateRequest = connect::decode(bad).unwrap();
+            let error = update.pty.unwrap().size().unwrap_err();
+            assert_eq!(error.code, Code::InvalidArgument);
+        }
+
+        let typed: SendInputRequest =
+            connect::decode(br#"{"process":{"pid":5},"input":{"pty":"ZWNobyBoaQo="}}"#).unwrap();
+        assert_eq!(input_of(typed.input, Some(true)).unwrap(), b"echo hi\n");
+        // Input of the other kind is refused, as envd does; a process the
+        // daemon did not start gets either.
+        let typed: SendInputRequest =
+            connect::decode(br#"{"process":{"pid":5},"input":{"pty":"aGk="}}"#).unwrap();
+        assert_eq!(
+            input_of(typed.input, Some(false)).unwrap_err().code,
+            Code::InvalidArgument
+        );
+        let piped: SendInputRequest =
+            connect::decode(br#"{"process":{"pid":5},"input":{"stdin":"aGk="}}"#).unwrap();
+        assert_eq!(
+            input_of(piped.input, Some(true)).unwrap_err().code,
+            Code::InvalidArgument
+        );
+        let typed: SendInputRequest =
+            connect::decode(br#"{"process":{"pid":5},"input":{"pty":"aGk="}}"#).unwrap();
+        assert_eq!(input_of(typed.input, None).unwrap(), b"hi");
     }
 }
