@@ -647,12 +647,12 @@ fn credentials_and_sandboxes_are_checked() {
         &[("E2b-Sandbox-Id", &sbx.id)],
     );
     assert_eq!(keyed.status, 200, "{}", keyed.text());
-    // The code interpreter's port is not served yet.
+    // The code interpreter's port runs code with the access token…
     let interpreter = daemon.call_as(
         None,
         "POST",
         "/execute",
-        Some(b"{}"),
+        Some(br#"{"code": "print('in'); 40 + 2"}"#),
         Some("application/json"),
         &[
             ("E2b-Sandbox-Id", &sbx.id),
@@ -660,10 +660,34 @@ fn credentials_and_sandboxes_are_checked() {
             ("X-Access-Token", &sbx.token),
         ],
     );
-    assert_eq!(
-        (interpreter.status, interpreter.code().as_str()),
-        (501, "unimplemented")
-    );
+    assert_eq!(interpreter.status, 200, "{}", interpreter.text());
+    let lines: Vec<serde_json::Value> = interpreter
+        .text()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(lines
+        .iter()
+        .any(|l| l["type"] == "stdout" && l["text"] == "in\n"));
+    assert!(lines
+        .iter()
+        .any(|l| l["type"] == "result" && l["text"] == "42" && l["is_main_result"] == true));
+    assert_eq!(lines.last().unwrap()["type"], "end_of_execution");
+    // …and refuses a call without credentials or with a wrong traffic token.
+    for headers in [
+        vec![
+            ("E2b-Sandbox-Id", sbx.id.as_str()),
+            ("E2b-Sandbox-Port", "49999"),
+        ],
+        vec![
+            ("E2b-Sandbox-Id", sbx.id.as_str()),
+            ("E2b-Sandbox-Port", "49999"),
+            ("E2B-Traffic-Access-Token", "tt_0000"),
+        ],
+    ] {
+        let refused = daemon.call_as(None, "GET", "/contexts", None, None, &headers);
+        assert_eq!(refused.status, 401, "{}", refused.text());
+    }
     // Files without credentials need a valid signature.
     let unsigned = daemon.call_as(
         None,
