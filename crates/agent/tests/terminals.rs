@@ -126,8 +126,9 @@ async fn resize_reaches_the_process_with_sigwinch() {
     let mut agent = Agent::start();
     let (id, pid) = agent
         .start_process(on_terminal(
+            // Bounded, so a failing test leaves nothing running for long.
             sh("trap 'stty size; exit 0' WINCH; stty size; \
-                while :; do sleep 0.05; done"),
+                for i in $(seq 400); do sleep 0.05; done; exit 9"),
             80,
             24,
         ))

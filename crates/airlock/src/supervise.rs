@@ -193,6 +193,20 @@ async fn relay(
     channel.set_nonblocking(true)?;
     let (mut agent_reader, agent_writer) = UnixStream::from_std(channel)?.into_split();
     let agent_writer = std::sync::Arc::new(Mutex::new(agent_writer));
+    // Frames from the agent are read by a task of their own: reading a frame
+    // is not cancel-safe, and in the `select!` below a connection event
+    // arriving mid-frame would drop the bytes read so far and tear the
+    // agent stream.
+    let (frames_tx, mut frames) = mpsc::channel::<Result<Vec<u8>, FrameError>>(16);
+    let reader_task = tokio::spawn(async move {
+        loop {
+            let frame = read_frame_bytes(&mut agent_reader).await;
+            let failed = frame.is_err();
+            if frames_tx.send(frame).await.is_err() || failed {
+                break;
+            }
+        }
+    });
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
 
@@ -200,10 +214,11 @@ async fn relay(
     let mut daemon: Option<OwnedWriteHalf> = None;
     let (lost_tx, mut lost_rx) = mpsc::channel::<u64>(4);
     let mut generation: u64 = 0;
+    let current = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut inbound: Option<tokio::task::JoinHandle<()>> = None;
     let end = loop {
         tokio::select! {
-            frame = read_frame_bytes(&mut agent_reader) => match frame {
+            frame = frames.recv() => match frame.unwrap_or(Err(FrameError::Closed)) {
                 Ok(bytes) => {
                     if let Some(writer) = daemon.as_mut() {
                         if writer.write_all(&bytes).await.is_err() {
@@ -221,11 +236,12 @@ async fn relay(
             },
             accepted = listener.accept() => {
                 let (stream, _) = accepted?;
-                // A new daemon connection replaces the old one (the daemon restarted).
-                if let Some(task) = inbound.take() {
-                    task.abort();
-                }
+                // A new daemon connection replaces the old one (the daemon
+                // restarted). The old forwarder is not aborted, which could
+                // cut a frame to the agent in half: it sees the new
+                // generation and stops before its next frame.
                 generation += 1;
+                current.store(generation, std::sync::atomic::Ordering::SeqCst);
                 let (reader, writer) = stream.into_split();
                 daemon = Some(writer);
                 inbound = Some(tokio::spawn(forward_to_agent(
@@ -233,6 +249,7 @@ async fn relay(
                     std::sync::Arc::clone(&agent_writer),
                     lost_tx.clone(),
                     generation,
+                    std::sync::Arc::clone(&current),
                 )));
             }
             Some(lost) = lost_rx.recv() => {
@@ -247,6 +264,7 @@ async fn relay(
     if let Some(task) = inbound {
         task.abort();
     }
+    reader_task.abort();
     Ok(end)
 }
 
@@ -258,9 +276,14 @@ async fn forward_to_agent(
     agent: std::sync::Arc<Mutex<OwnedWriteHalf>>,
     lost: mpsc::Sender<u64>,
     generation: u64,
+    current: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     while let Ok(bytes) = read_frame_bytes(&mut reader).await {
         let mut agent = agent.lock().await;
+        if current.load(std::sync::atomic::Ordering::SeqCst) != generation {
+            // A newer daemon connection took over.
+            return;
+        }
         if agent.write_all(&bytes).await.is_err() {
             break;
         }

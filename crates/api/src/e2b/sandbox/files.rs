@@ -434,7 +434,9 @@ struct Multipart<S> {
 const MAX_PART_HEADERS: usize = 16 << 10;
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    // SIMD substring search: the delimiter scan is the multipart parser's
+    // hot loop (a byte-by-byte `windows` scan held uploads near 200 MiB/s).
+    memchr::memmem::find(haystack, needle)
 }
 
 /// [`find`] from `*searched` on; on a miss, moves `*searched` to where the
