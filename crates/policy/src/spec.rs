@@ -1,5 +1,6 @@
 //! [`SandboxSpec`] and its parts.
 
+use crate::network::{NetworkPolicy, MAX_RULES};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -156,14 +157,6 @@ impl BindMount {
     }
 }
 
-/// Network reach of a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
-pub enum NetworkPolicy {
-    /// Loopback only.
-    None,
-}
-
 /// The identity a process runs as inside the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -218,6 +211,10 @@ pub enum SpecError {
     EnvValue(String),
     #[error("working directory `{0}` must be an absolute path without NUL")]
     Cwd(String),
+    #[error("a network allowlist may hold at most {MAX_RULES} rules, got {0}")]
+    TooManyRules(usize),
+    #[error("network egress is not enforced by this build yet; only mode none is accepted")]
+    NetworkNotEnforced,
 }
 
 /// `PATH` of every process unless the spec's environment sets another.
@@ -275,6 +272,17 @@ impl SandboxSpec {
             if !cwd.starts_with('/') || cwd.contains('\0') {
                 return Err(SpecError::Cwd(cwd.clone()));
             }
+        }
+        if self.network.rule_count() > MAX_RULES {
+            return Err(SpecError::TooManyRules(self.network.rule_count()));
+        }
+        // Until the DNS resolver and egress proxy exist, a sandbox that asks
+        // for network access would silently get none or, worse, get it
+        // unenforced once a backend wires a namespace up: refuse it here,
+        // where every path (CLI, native API, e2b, the jail) passes. The
+        // enforcement work removes this check.
+        if !self.network.is_none() {
+            return Err(SpecError::NetworkNotEnforced);
         }
         Ok(())
     }
@@ -359,7 +367,7 @@ mod tests {
         let spec: SandboxSpec = serde_json::from_str("{}").unwrap();
         assert_eq!(spec, SandboxSpec::default());
         assert!(serde_json::from_str::<SandboxSpec>(r#"{"netwrok": {"mode": "open"}}"#).is_err());
-        assert!(serde_json::from_str::<SandboxSpec>(r#"{"network": {"mode": "open"}}"#).is_err());
+        assert!(serde_json::from_str::<SandboxSpec>(r#"{"network": {"mode": "wide"}}"#).is_err());
         assert!(serde_json::from_str::<SandboxSpec>(r#"{"limits": {"memory": 1}}"#).is_err());
     }
 
@@ -446,6 +454,31 @@ mod tests {
             spec.validate(),
             Err(SpecError::MountSourceNotAbsolute(_))
         ));
+    }
+
+    #[test]
+    fn network_modes_parse_but_only_none_is_accepted_until_enforced() {
+        for json in [
+            r#"{"network": {"mode": "open"}}"#,
+            r#"{"network": {"mode": "allow", "rules": ["pypi.org"]}}"#,
+            r#"{"network": {"mode": "allow", "rules": []}}"#,
+        ] {
+            let spec: SandboxSpec = serde_json::from_str(json).unwrap();
+            assert_eq!(
+                spec.validate(),
+                Err(SpecError::NetworkNotEnforced),
+                "{json}"
+            );
+        }
+        assert_eq!(
+            SpecError::NetworkNotEnforced.to_string(),
+            "network egress is not enforced by this build yet; only mode none is accepted"
+        );
+        let spec = SandboxSpec {
+            network: NetworkPolicy::allow(&vec!["pypi.org"; MAX_RULES + 1]).unwrap(),
+            ..SandboxSpec::default()
+        };
+        assert_eq!(spec.validate(), Err(SpecError::TooManyRules(MAX_RULES + 1)));
     }
 
     #[test]
