@@ -1,0 +1,499 @@
+//! HTTP/1.x request heads (RFC 9112): the request line and the `Host`
+//! header, read strictly, since anything a lenient reader accepts could be
+//! read differently by the server behind the proxy.
+
+use crate::{Sniffed, MAX_SNIFF_BYTES};
+
+/// The host an HTTP/1.0 or HTTP/1.1 request head names.
+///
+/// - `CONNECT host:port`: the CONNECT target (its port is required); a
+///   `Host` header, if any, must name the same host.
+/// - An absolute-form target (`GET http://host/path`): its authority; a
+///   `Host` header must name the same host and port. Userinfo (`user@`) is
+///   refused.
+/// - Otherwise the `Host` header; HTTP/1.1 requires one, HTTP/1.0 without
+///   one is [`Sniffed::NoName`].
+///
+/// Refused as [`Sniffed::Malformed`]: lines not ended by CRLF (a bare CR or
+/// LF), obs-fold continuation lines, header lines without a colon or with
+/// space before it, control characters in values, two `Host` headers, and
+/// heads not complete within [`MAX_SNIFF_BYTES`]. Only the head is read;
+/// bytes after the blank line are not looked at.
+pub fn http_host(first_bytes: &[u8]) -> Sniffed {
+    let window = &first_bytes[..first_bytes.len().min(MAX_SNIFF_BYTES)];
+    let mut lines: Vec<&[u8]> = Vec::new();
+    let mut rest = window;
+    let mut complete = false;
+    while let Some(end) = find_crlf(rest) {
+        let line = &rest[..end];
+        rest = &rest[end + 2..];
+        if line.is_empty() {
+            complete = true;
+            break;
+        }
+        lines.push(line);
+    }
+    if lines
+        .iter()
+        .any(|line| line.contains(&b'\r') || line.contains(&b'\n'))
+    {
+        return Sniffed::Malformed("a line of the request head ends in a bare CR or LF");
+    }
+    if !complete {
+        // The partial last line may only end in the CR of a CRLF to come.
+        let partial = rest.strip_suffix(b"\r").unwrap_or(rest);
+        if partial.contains(&b'\r') || partial.contains(&b'\n') {
+            return Sniffed::Malformed("a line of the request head ends in a bare CR or LF");
+        }
+    }
+    let Some(request_line) = lines.first() else {
+        if complete {
+            return Sniffed::Malformed("the request head starts with an empty line");
+        }
+        return match method_prefix_is_plausible(rest) {
+            true if first_bytes.len() >= MAX_SNIFF_BYTES => {
+                Sniffed::Malformed("the request head is over 16 KiB")
+            }
+            true => Sniffed::NeedMore,
+            false => Sniffed::NotHttp,
+        };
+    };
+    let request = match RequestLine::parse(request_line) {
+        Ok(request) => request,
+        Err(verdict) => return verdict,
+    };
+    let mut host: Option<&[u8]> = None;
+    for line in &lines[1..] {
+        match header(line) {
+            Err(verdict) => return verdict,
+            Ok((name, value)) if name.eq_ignore_ascii_case(b"host") => {
+                if host.is_some() {
+                    return Sniffed::Malformed("the request has two Host headers");
+                }
+                host = Some(value);
+            }
+            Ok(_) => {}
+        }
+    }
+    if !complete {
+        return if first_bytes.len() >= MAX_SNIFF_BYTES {
+            Sniffed::Malformed("the request head is over 16 KiB")
+        } else {
+            Sniffed::NeedMore
+        };
+    }
+    let host = match host.map(Authority::parse) {
+        None => None,
+        Some(Some(authority)) => Some(authority),
+        Some(None) => return Sniffed::Malformed("the Host header is not host[:port]"),
+    };
+    request.name(host)
+}
+
+fn find_crlf(bytes: &[u8]) -> Option<usize> {
+    bytes.windows(2).position(|pair| pair == b"\r\n")
+}
+
+/// RFC 9110 `tchar`: what methods and header names are made of.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Longest method we wait for; real ones are far shorter.
+const MAX_METHOD: usize = 32;
+
+/// Whether an incomplete first line could still become a request line.
+fn method_prefix_is_plausible(partial: &[u8]) -> bool {
+    let method_end = partial
+        .iter()
+        .position(|&b| b == b' ')
+        .unwrap_or(partial.len());
+    let method = &partial[..method_end];
+    method.len() <= MAX_METHOD
+        && method.iter().all(|&b| is_tchar(b))
+        && (method_end == partial.len() || !method.is_empty())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    Http10,
+    Http11,
+}
+
+struct RequestLine<'a> {
+    method: &'a [u8],
+    target: &'a [u8],
+    version: Version,
+}
+
+impl<'a> RequestLine<'a> {
+    /// `method SP target SP HTTP/1.x`, exactly one space apart.
+    fn parse(line: &'a [u8]) -> Result<RequestLine<'a>, Sniffed> {
+        let mut parts = line.split(|&b| b == b' ');
+        let (Some(method), Some(target), Some(version), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(if plausible_method(line) {
+                Sniffed::Malformed("the request line is not `method target version`")
+            } else {
+                Sniffed::NotHttp
+            });
+        };
+        if method.is_empty() || method.len() > MAX_METHOD || !method.iter().all(|&b| is_tchar(b)) {
+            return Err(Sniffed::NotHttp);
+        }
+        let version = match version {
+            b"HTTP/1.1" => Version::Http11,
+            b"HTTP/1.0" => Version::Http10,
+            _ => return Err(Sniffed::NotHttp),
+        };
+        if target.is_empty() || !target.iter().all(|b| b.is_ascii_graphic()) {
+            return Err(Sniffed::Malformed(
+                "the request target is empty or has control or non-ASCII bytes",
+            ));
+        }
+        Ok(RequestLine {
+            method,
+            target,
+            version,
+        })
+    }
+
+    /// The name the request goes to, given its `Host` header.
+    fn name(&self, host: Option<Authority<'_>>) -> Sniffed {
+        if self.method == b"CONNECT" {
+            let Some(target) = Authority::parse(self.target).filter(|a| a.port.is_some()) else {
+                return Sniffed::Malformed("the CONNECT target is not host:port");
+            };
+            if host.is_some_and(|h| {
+                !h.same_host(&target) || h.port.is_some_and(|p| Some(p) != target.port)
+            }) {
+                return Sniffed::Malformed("the Host header differs from the CONNECT target");
+            }
+            return target.sniffed();
+        }
+        if let Some((scheme, rest)) = split_scheme(self.target) {
+            let default_port = match scheme {
+                Scheme::Http => 80,
+                Scheme::Https => 443,
+            };
+            let end = rest
+                .iter()
+                .position(|b| b"/?#".contains(b))
+                .unwrap_or(rest.len());
+            let Some(target) = Authority::parse(&rest[..end]) else {
+                return Sniffed::Malformed("the absolute-form target has no valid host[:port]");
+            };
+            if let Some(host) = host {
+                let port = |a: &Authority<'_>| a.port.unwrap_or(default_port);
+                if !host.same_host(&target) || port(&host) != port(&target) {
+                    return Sniffed::Malformed("the Host header differs from the target's host");
+                }
+            } else if self.version == Version::Http11 {
+                return Sniffed::Malformed("an HTTP/1.1 request has no Host header");
+            }
+            return target.sniffed();
+        }
+        if !(self.target.starts_with(b"/") || self.target == b"*") {
+            return Sniffed::Malformed("the request target is in no form this method allows");
+        }
+        match (host, self.version) {
+            (Some(host), _) => host.sniffed(),
+            (None, Version::Http10) => Sniffed::NoName,
+            (None, Version::Http11) => Sniffed::Malformed("an HTTP/1.1 request has no Host header"),
+        }
+    }
+}
+
+/// Whether a complete first line at least starts like a method and a space.
+fn plausible_method(line: &[u8]) -> bool {
+    line.iter()
+        .position(|&b| b == b' ')
+        .is_some_and(|end| end > 0 && end <= MAX_METHOD && line[..end].iter().all(|&b| is_tchar(b)))
+}
+
+enum Scheme {
+    Http,
+    Https,
+}
+
+/// `http://` or `https://`, in any case, and what follows it.
+fn split_scheme(target: &[u8]) -> Option<(Scheme, &[u8])> {
+    let lower_starts = |prefix: &[u8]| {
+        target.len() >= prefix.len() && target[..prefix.len()].eq_ignore_ascii_case(prefix)
+    };
+    if lower_starts(b"http://") {
+        Some((Scheme::Http, &target[7..]))
+    } else if lower_starts(b"https://") {
+        Some((Scheme::Https, &target[8..]))
+    } else {
+        None
+    }
+}
+
+/// `host[:port]` or `[v6][:port]`; the host is kept as sent.
+#[derive(Clone, Copy)]
+struct Authority<'a> {
+    host: &'a [u8],
+    port: Option<u16>,
+}
+
+impl<'a> Authority<'a> {
+    /// `None` when the text is no authority: empty host, userinfo, a port
+    /// that is not 1 to 65535, or stray colons or brackets.
+    fn parse(text: &'a [u8]) -> Option<Authority<'a>> {
+        if text.contains(&b'@') {
+            return None;
+        }
+        let (host, port) = if text.starts_with(b"[") {
+            let close = text.iter().position(|&b| b == b']')?;
+            let (host, after) = text.split_at(close + 1);
+            match after {
+                [] => (host, None),
+                [b':', port @ ..] => (host, Some(port)),
+                _ => return None,
+            }
+        } else {
+            let mut parts = text.splitn(2, |&b| b == b':');
+            let host = parts.next()?;
+            (host, parts.next())
+        };
+        if host.is_empty() || (!host.starts_with(b"[") && host.contains(&b']')) {
+            return None;
+        }
+        let port = match port {
+            None => None,
+            Some(digits) => Some(parse_port(digits)?),
+        };
+        Some(Authority { host, port })
+    }
+
+    /// The same host, compared as DNS does (ASCII case-insensitively).
+    fn same_host(&self, other: &Authority<'_>) -> bool {
+        self.host.eq_ignore_ascii_case(other.host)
+    }
+
+    fn sniffed(&self) -> Sniffed {
+        Sniffed::Name {
+            host: self.host.iter().map(|&b| char::from(b)).collect(),
+            port: self.port,
+        }
+    }
+}
+
+fn parse_port(digits: &[u8]) -> Option<u16> {
+    if digits.is_empty() || digits.len() > 5 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let value = digits
+        .iter()
+        .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+    u16::try_from(value).ok().filter(|p| *p != 0)
+}
+
+/// One header line: `name: value`, the value without surrounding spaces.
+fn header(line: &[u8]) -> Result<(&[u8], &[u8]), Sniffed> {
+    if line.starts_with(b" ") || line.starts_with(b"\t") {
+        return Err(Sniffed::Malformed(
+            "a header line is folded onto the previous one (obs-fold)",
+        ));
+    }
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return Err(Sniffed::Malformed("a header line has no colon"));
+    };
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+        return Err(Sniffed::Malformed(
+            "a header name is empty or has a character a name cannot have",
+        ));
+    }
+    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(Sniffed::Malformed("a header value has a control character"));
+    }
+    let is_space = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = value
+        .iter()
+        .position(|b| !is_space(b))
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !is_space(b))
+        .map_or(start, |i| i + 1);
+    Ok((name, &value[start..end]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::Rng;
+
+    fn name(host: &str, port: Option<u16>) -> Sniffed {
+        Sniffed::Name {
+            host: host.into(),
+            port,
+        }
+    }
+
+    fn is_malformed(sniffed: &Sniffed) -> bool {
+        matches!(sniffed, Sniffed::Malformed(_))
+    }
+
+    #[test]
+    fn hosts_of_well_formed_heads() {
+        let table: &[(&str, Sniffed)] = &[
+            ("GET / HTTP/1.1\r\nHost: pypi.org\r\n\r\n", name("pypi.org", None)),
+            (
+                "GET /simple/ HTTP/1.1\r\nUser-Agent: pip\r\nhost:   PyPI.org.:8080 \r\nAccept: */*\r\n\r\n",
+                name("PyPI.org.", Some(8080)),
+            ),
+            ("GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n", name("[::1]", Some(80))),
+            ("GET / HTTP/1.1\r\nHost: 127.1\r\n\r\n", name("127.1", None)),
+            ("GET / HTTP/1.0\r\n\r\n", Sniffed::NoName),
+            ("OPTIONS * HTTP/1.1\r\nHost: pypi.org\r\n\r\n", name("pypi.org", None)),
+            (
+                "CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n",
+                name("pypi.org", Some(443)),
+            ),
+            ("CONNECT pypi.org:443 HTTP/1.1\r\n\r\n", name("pypi.org", Some(443))),
+            (
+                "CONNECT [2001:db8::1]:443 HTTP/1.1\r\nHost: [2001:DB8::1]\r\n\r\n",
+                name("[2001:db8::1]", Some(443)),
+            ),
+            (
+                "GET http://pypi.org/simple HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+                name("pypi.org", None),
+            ),
+            (
+                "GET HTTPS://PyPI.org:443?q HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+                name("PyPI.org", Some(443)),
+            ),
+            ("GET http://pypi.org HTTP/1.0\r\n\r\n", name("pypi.org", None)),
+            // Bytes after the head are not looked at.
+            (
+                "POST / HTTP/1.1\r\nHost: pypi.org\r\nContent-Length: 3\r\n\r\nabc\0\0",
+                name("pypi.org", None),
+            ),
+        ];
+        for (head, expected) in table {
+            assert_eq!(&http_host(head.as_bytes()), expected, "{head:?}");
+        }
+    }
+
+    #[test]
+    fn smuggling_and_ambiguity_are_refused() {
+        for head in [
+            "GET / HTTP/1.1\r\nHost: pypi.org\r\nHost: evil.com\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org\r\nhOsT: pypi.org\r\n\r\n",
+            "GET / HTTP/1.1\r\nX-A: 1\r\n evil\r\nHost: pypi.org\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org\r\n\tevil.com\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost pypi.org\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : pypi.org\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org\0.evil.com\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org\nHost: evil.com\r\n\r\n",
+            "GET / HTTP/1.1\nHost: pypi.org\n\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org\revil\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: user@pypi.org\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org:0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org:65536\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org:\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: pypi.org:80:80\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET http://evil.com/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET http://pypi.org:8080/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET http://pypi.org@evil.com/ HTTP/1.1\r\nHost: evil.com\r\n\r\n",
+            "GET http://pypi.org/ HTTP/1.1\r\n\r\n",
+            "GET ftp://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET pypi.org:443 HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "CONNECT pypi.org HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "CONNECT pypi.org:443 HTTP/1.1\r\nHost: evil.com:443\r\n\r\n",
+            "CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:80\r\n\r\n",
+            "CONNECT / HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET  / HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET / HTTP/1.1 \r\nHost: pypi.org\r\n\r\n",
+            "GET /\x7f HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "\r\nGET / HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
+            "GET /\r\n\r\n",
+        ] {
+            let verdict = http_host(head.as_bytes());
+            assert!(is_malformed(&verdict), "{head:?}: {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn other_protocols_are_not_http() {
+        for bytes in [
+            &b"\x16\x03\x01\x02\x00\x01"[..],
+            b"SSH-2.0-OpenSSH_9.6\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"GET / HTTP/3\r\n\r\n",
+            b"\0\0\0\0",
+            b"<html>",
+        ] {
+            assert_eq!(http_host(bytes), Sniffed::NotHttp, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn every_prefix_of_a_head_needs_more() {
+        for head in [
+            "GET /simple/pip/ HTTP/1.1\r\nHost: pypi.org\r\nAccept: */*\r\n\r\n",
+            "CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n",
+        ] {
+            let bytes = head.as_bytes();
+            for end in 0..bytes.len() {
+                assert_eq!(
+                    http_host(&bytes[..end]),
+                    Sniffed::NeedMore,
+                    "{:?}",
+                    &head[..end]
+                );
+            }
+        }
+        // A broken line is reported before the head is complete.
+        assert!(is_malformed(&http_host(
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n"
+        )));
+        assert!(is_malformed(&http_host(b"GET / HTTP/1.1\r\nHost: a\nX")));
+    }
+
+    #[test]
+    fn heads_are_bounded() {
+        let mut head = b"GET / HTTP/1.1\r\nHost: pypi.org\r\n".to_vec();
+        while head.len() < MAX_SNIFF_BYTES {
+            head.extend_from_slice(b"X-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n");
+        }
+        assert!(is_malformed(&http_host(&head)));
+        head.extend_from_slice(b"\r\n");
+        assert!(is_malformed(&http_host(&head)));
+        let mut long_line = b"GET /".to_vec();
+        long_line.resize(MAX_SNIFF_BYTES - 1, b'a');
+        assert_eq!(http_host(&long_line), Sniffed::NeedMore);
+        long_line.push(b'a');
+        assert!(is_malformed(&http_host(&long_line)));
+        assert_eq!(http_host(&vec![b'G'; MAX_SNIFF_BYTES]), Sniffed::NotHttp);
+    }
+
+    #[test]
+    fn random_and_mutated_input_never_panics() {
+        let mut rng = Rng::new(0x5eed_0002);
+        let good = b"GET http://pypi.org/simple HTTP/1.1\r\nHost: pypi.org\r\nAccept: */*\r\n\r\n";
+        let alphabet = b"GET / HTTP/1.1\r\n:@[]0123456789abc \t\0";
+        for _ in 0..20_000 {
+            let len = rng.below(300);
+            http_host(&rng.bytes(len));
+            let picked: Vec<u8> = (0..rng.below(120))
+                .map(|_| alphabet[rng.below(alphabet.len())])
+                .collect();
+            http_host(&picked);
+            let mut mutated = good.to_vec();
+            for _ in 0..=rng.below(3) {
+                let at = rng.below(mutated.len());
+                mutated[at] = alphabet[rng.below(alphabet.len())];
+            }
+            let cut = rng.below(mutated.len() + 1);
+            http_host(&mutated[..cut]);
+        }
+    }
+}
