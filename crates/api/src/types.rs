@@ -2,7 +2,8 @@
 
 use airlock_daemon::Daemon;
 use airlock_policy::{
-    parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs, SandboxSpec, Template,
+    network::MAX_RULES, parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs,
+    SandboxSpec, Template,
 };
 use airlock_store::SandboxRow;
 use serde::{Deserialize, Serialize};
@@ -70,12 +71,47 @@ fn yes() -> bool {
     true
 }
 
-/// Network policy; only `none` (loopback only) until egress policies land.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+/// Network policy: `none` (loopback only, the default), `open` (the public
+/// internet) or `allow` with `rules`. Private, loopback and link-local
+/// (metadata) addresses are never reachable. Until egress enforcement lands
+/// in this build, only `none` is accepted.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInput {
-    /// `none`.
+    /// `none`, `open` or `allow`.
     pub mode: String,
+    /// With `allow` only: `domain`, `*.domain` (subdomains, not the domain
+    /// itself), `IP` or `CIDR`, each with an optional `:PORT`
+    /// (`[v6]:PORT` for IPv6).
+    pub rules: Option<Vec<String>>,
+}
+
+impl NetworkInput {
+    /// The policy this input asks for, or a 400 message naming the field.
+    pub fn policy(&self) -> Result<NetworkPolicy, String> {
+        let rules = self.rules.as_deref();
+        match (self.mode.as_str(), rules) {
+            ("none", None) => Ok(NetworkPolicy::None),
+            ("open", None) => Ok(NetworkPolicy::Open),
+            ("allow", Some(rules)) => {
+                if rules.len() > MAX_RULES {
+                    return Err(format!("network.rules: at most {MAX_RULES} rules"));
+                }
+                NetworkPolicy::allow(rules).map_err(|e| format!("network.rules: {e}"))
+            }
+            ("allow", None) => Err(
+                "network.rules: mode \"allow\" needs a list of rules (an empty list denies everything)"
+                    .into(),
+            ),
+            ("none" | "open", Some(_)) => Err(format!(
+                "network.rules: only mode \"allow\" takes rules, not {:?}",
+                self.mode
+            )),
+            (other, _) => Err(format!(
+                "network.mode: {other:?} is not a mode; use \"none\", \"open\" or \"allow\""
+            )),
+        }
+    }
 }
 
 /// Who processes run as.
@@ -189,15 +225,8 @@ impl CreateSandbox {
                 });
             }
         }
-        if let Some(network) = self.network {
-            match network.mode.as_str() {
-                "none" => spec.network = NetworkPolicy::None,
-                other => {
-                    return Err(format!(
-                    "network.mode: {other:?} is not supported yet; only \"none\" (loopback only)"
-                ))
-                }
-            }
+        if let Some(network) = &self.network {
+            spec.network = network.policy()?;
         }
         spec.cwd = self.cwd;
         if let Some(user) = self.user {
@@ -628,4 +657,46 @@ pub fn percent_decode(s: &str, plus: bool) -> Option<String> {
         }
     }
     String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(mode: &str, rules: Option<&[&str]>) -> NetworkInput {
+        NetworkInput {
+            mode: mode.into(),
+            rules: rules.map(|r| r.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn network_inputs_map_to_policies() {
+        assert_eq!(input("none", None).policy(), Ok(NetworkPolicy::None));
+        assert_eq!(input("open", None).policy(), Ok(NetworkPolicy::Open));
+        assert_eq!(
+            input("allow", Some(&["pypi.org", "*.pythonhosted.org:443"])).policy(),
+            NetworkPolicy::allow(&["pypi.org", "*.pythonhosted.org:443"]).map_err(|e| e.to_string())
+        );
+        assert_eq!(
+            input("allow", Some(&[])).policy(),
+            Ok(NetworkPolicy::Allow { rules: vec![] })
+        );
+    }
+
+    #[test]
+    fn bad_network_inputs_name_the_field_and_the_rule() {
+        let error = |mode: &str, rules: Option<&[&str]>| input(mode, rules).policy().unwrap_err();
+        assert_eq!(
+            error("allow", Some(&["pypi.org", "pypi.org:0"])),
+            "network.rules: rule \"pypi.org:0\" has an invalid port; a port is a number from 1 to 65535 without leading zeros"
+        );
+        assert!(error("allow", Some(&["a.*.org"])).contains("\"a.*.org\""));
+        assert!(error("allow", None).starts_with("network.rules:"));
+        assert!(error("none", Some(&["pypi.org"])).starts_with("network.rules:"));
+        assert!(error("open", Some(&[])).starts_with("network.rules:"));
+        assert!(error("wide", None).starts_with("network.mode:"));
+        let many: Vec<&str> = vec!["pypi.org"; MAX_RULES + 1];
+        assert!(error("allow", Some(&many)).contains("at most"));
+    }
 }

@@ -75,6 +75,9 @@ pub struct NewSandbox {
     pub secure: Option<bool>,
     /// `false` is what airlock does anyway; `true` is accepted (e2b 2.0
     /// SDKs send it by default) and the sandbox still has no network.
+    /// Once egress is enforced, `true` maps to mode `open` and
+    /// `network.allowOut` to mode `allow` with those rules; until then both
+    /// would be refused by the spec's validation, so neither is mapped.
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
     pub network: Option<NetworkConfig>,
@@ -176,6 +179,7 @@ impl NewSandbox {
             metadata: self.metadata.clone(),
             network: Some(NetworkInput {
                 mode: "none".into(),
+                rules: None,
             }),
             ..CreateSandbox::default()
         })
