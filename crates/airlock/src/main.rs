@@ -1,6 +1,7 @@
 //! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
 
 mod client;
+mod net_args;
 mod run;
 mod serve;
 mod supervise;

@@ -1,5 +1,6 @@
 //! `airlock run`: an ephemeral sandbox for one command.
 
+use crate::net_args::NetArgs;
 use crate::{EXIT_BAD_INPUT, EXIT_INTERNAL};
 use airlock_jail::runtime::RuntimeDir;
 use airlock_jail::Jail;
@@ -60,6 +61,8 @@ pub struct RunArgs {
     /// Bind a host path into the sandbox (repeatable); `:ro` for read-only.
     #[arg(long = "mount", short = 'v', value_name = "HOST:SANDBOX[:ro]")]
     mounts: Vec<String>,
+    #[command(flatten)]
+    net: NetArgs,
     /// Open-file limit of every process.
     #[arg(long, default_value_t = airlock_policy::DEFAULT_NOFILE, value_name = "N")]
     nofile: u64,
@@ -139,6 +142,7 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
         template,
         limits,
         mounts,
+        network: args.net.policy(),
         env,
         cwd: args.cwd.clone(),
         user: match args.user {

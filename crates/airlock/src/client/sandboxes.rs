@@ -12,6 +12,7 @@ use super::format::{
     parse_size_arg, parse_timeout_secs, percent_encode, relative, time_field, Table,
 };
 use super::http::{sandbox_path, ClientError, Connection};
+use crate::net_args::NetArgs;
 
 /// Options of `airlock create`. Unset options take the daemon's defaults.
 #[derive(Args)]
@@ -41,6 +42,8 @@ pub struct CreateArgs {
     /// Metadata to tag the sandbox with (repeatable); `ls --meta` filters on it.
     #[arg(long = "meta", value_name = "K=V", value_parser = parse_kv)]
     meta: Vec<(String, String)>,
+    #[command(flatten)]
+    net: NetArgs,
     /// Print the daemon's whole answer as JSON, including the sandbox's
     /// access token (which is shown only once).
     #[arg(long)]
@@ -154,6 +157,14 @@ fn create_body(args: &CreateArgs) -> Value {
     }
     if !args.meta.is_empty() {
         body.insert("metadata".into(), object(&args.meta));
+    }
+    if args.net.given() {
+        // The policy's own serialization is the API's `network` shape.
+        let network = args.net.policy();
+        body.insert(
+            "network".into(),
+            serde_json::to_value(&network).unwrap_or(Value::Null),
+        );
     }
     Value::Object(body)
 }
@@ -456,6 +467,7 @@ mod tests {
             timeout: Some(600),
             env: vec![("A".into(), "1".into())],
             meta: vec![("owner".into(), "me".into())],
+            net: NetArgs::default(),
             json: false,
             conn: connection(super::super::http::DEFAULT_URL),
         };
@@ -463,6 +475,42 @@ mod tests {
             create_body(&args),
             json!({"timeout_s": 600, "limits": {"memory": "256M", "cpus": 0.5},
                    "env": {"A": "1"}, "metadata": {"owner": "me"}})
+        );
+    }
+
+    #[test]
+    fn create_sends_the_network_flags() {
+        let with = |net: NetArgs| {
+            create_body(&CreateArgs {
+                template: None,
+                memory: None,
+                cpus: None,
+                pids: None,
+                disk: None,
+                timeout: None,
+                env: vec![],
+                meta: vec![],
+                net,
+                json: false,
+                conn: connection(super::super::http::DEFAULT_URL),
+            })
+        };
+        assert_eq!(
+            with(NetArgs {
+                net: Some(crate::net_args::NetMode::Open),
+                allow: vec![],
+            }),
+            json!({"network": {"mode": "open"}})
+        );
+        assert_eq!(
+            with(NetArgs {
+                net: None,
+                allow: vec![
+                    "pypi.org".parse().unwrap(),
+                    "[2001:db8::1]:443".parse().unwrap()
+                ],
+            }),
+            json!({"network": {"mode": "allow", "rules": ["pypi.org", "[2001:db8::1]:443"]}})
         );
     }
 
