@@ -676,7 +676,8 @@ mod tests {
         assert_eq!(input("open", None).policy(), Ok(NetworkPolicy::Open));
         assert_eq!(
             input("allow", Some(&["pypi.org", "*.pythonhosted.org:443"])).policy(),
-            NetworkPolicy::allow(&["pypi.org", "*.pythonhosted.org:443"]).map_err(|e| e.to_string())
+            NetworkPolicy::allow(&["pypi.org", "*.pythonhosted.org:443"])
+                .map_err(|e| e.to_string())
         );
         assert_eq!(
             input("allow", Some(&[])).policy(),

@@ -88,7 +88,8 @@ async fn only_mode_none_reaches_a_backend_until_egress_is_enforced() {
         }
     };
 
-    let not_enforced = "network egress is not enforced by this build yet; only mode none is accepted";
+    let not_enforced =
+        "network egress is not enforced by this build yet; only mode none is accepted";
     for network in [
         json!({"mode": "open"}),
         json!({"mode": "allow", "rules": ["pypi.org", "*.pythonhosted.org:443", "10.0.0.0/8"]}),
@@ -102,7 +103,10 @@ async fn only_mode_none_reaches_a_backend_until_egress_is_enforced() {
         );
     }
     for (network, needle) in [
-        (json!({"mode": "allow", "rules": ["pypi.org:0"]}), "\"pypi.org:0\""),
+        (
+            json!({"mode": "allow", "rules": ["pypi.org:0"]}),
+            "\"pypi.org:0\"",
+        ),
         (json!({"mode": "allow", "rules": ["127.1"]}), "\"127.1\""),
         (json!({"mode": "allow"}), "needs a list of rules"),
         (json!({"mode": "none", "rules": ["pypi.org"]}), "only mode"),
