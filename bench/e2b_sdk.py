@@ -61,6 +61,30 @@ def start_daemon(airlock):
     return daemon, tmp, m.group(1).decode(), key
 
 
+def raw_peers(n):
+    """This machine's floor, measured in the same run: bwrap starting a
+    sandbox that runs `true` (the start-up peer of bench/startup.py), and a
+    bare `bash -c true` launch (what every commands.run pays inside the
+    sandbox before anything of airlock's)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from startup import bwrap_argv  # the same peer as the start-up benchmark
+
+    def p50(argv):
+        times = []
+        for i in range(n + 3):
+            t0 = time.perf_counter()
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True)
+            if i >= 3:
+                times.append((time.perf_counter() - t0) * 1000)
+        return statistics.median(times)
+
+    return {
+        "bwrap": p50(bwrap_argv(["true"])),
+        "bash": p50(["env", "-i", "/bin/bash", "--noprofile", "--norc", "-c", "true"]),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser()
     default = "target/x86_64-unknown-linux-gnu/release/airlock"
@@ -70,6 +94,7 @@ def main():
     parser.add_argument("--transfers", type=int, default=5, help="transfers of each kind")
     args = parser.parse_args()
 
+    peers = raw_peers(args.n)
     daemon, tmp, url, key = start_daemon(args.airlock)
     live = []
     try:
@@ -156,6 +181,10 @@ def main():
     row("  run('true')", runs)
     row("  kill", kills)
     row("commands.run('true') on a live sandbox", rtt, p50_target=3)
+    print(f"raw peers this run: bwrap `true` p50 {peers['bwrap']:.2f} ms, "
+          f"`bash -c true` p50 {peers['bash']:.2f} ms")
+    print(f"  create + run + kill p50 / bwrap p50 = {statistics.median(cycles) / peers['bwrap']:.2f}x; "
+          f"commands.run p50 / bash launch p50 = {statistics.median(rtt) / peers['bash']:.2f}x")
     for name, rates in transfers.items():
         rate = statistics.median(rates)
         print(f"{name:<44} {rate:7.0f} MiB/s (median of {len(rates)} x {args.mib} MiB)  "
