@@ -156,6 +156,15 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
         ..SandboxSpec::default()
     };
     spec.validate().map_err(|e| e.to_string())?;
+    // `airlock run` hosts no egress path yet (the daemon does): a sandbox
+    // it launched with network would have its connections refused, which
+    // is not what was asked for.
+    if !spec.network.is_none() {
+        return Err(format!(
+            "{}; create the sandbox through the daemon (airlock create --net/--allow) for network access",
+            airlock_policy::SpecError::NetworkNotEnforced
+        ));
+    }
     Ok(spec)
 }
 

@@ -69,6 +69,11 @@ pub struct ServeArgs {
     /// (repeatable). None by default.
     #[arg(long = "allow-mount", value_name = "DIR")]
     allow_mount: Vec<PathBuf>,
+    /// `NAME=IP` the sandboxes' egress resolves NAME to, instead of asking
+    /// the host's resolver (repeatable; for tests and air-gapped hosts).
+    /// With any given, the host's resolver is not used at all.
+    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    egress_host: Vec<String>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -183,6 +188,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.default_timeout = args.default_timeout;
     config.max_upload_bytes = args.max_upload;
+    config.egress_hosts = args.egress_host.clone();
     config.mount_roots = args
         .allow_mount
         .iter()

@@ -61,6 +61,10 @@ pub struct Config {
     pub mount_roots: Vec<PathBuf>,
     /// What this machine has, for refusing limits beyond it.
     pub capacity: Capacity,
+    /// `name=ip` entries that replace the host's resolver for sandbox
+    /// egress (tests and air-gapped setups); empty means the host's
+    /// `/etc/resolv.conf`.
+    pub egress_hosts: Vec<String>,
 }
 
 /// What the machine can give one sandbox at most.
@@ -103,6 +107,7 @@ impl Config {
             max_upload_bytes: 1 << 30,
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
+            egress_hosts: Vec::new(),
         }
     }
 }
@@ -202,6 +207,8 @@ pub struct LiveSandbox {
     watchers: files::NamedWatchers,
     /// Code contexts and their kernels; they end with the sandbox.
     interpreters: interpreter::CodeContexts,
+    /// Its egress path, when its policy lets anything out.
+    egress: Mutex<Option<airlock_egress::Attachment>>,
     /// Held through a teardown, so stops and deaths run one at a time.
     teardown: tokio::sync::Mutex<()>,
 }
@@ -226,6 +233,7 @@ impl LiveSandbox {
             processes: Mutex::new(ProcessTable::default()),
             watchers: files::NamedWatchers::default(),
             interpreters: interpreter::CodeContexts::default(),
+            egress: Mutex::new(None),
             teardown: tokio::sync::Mutex::new(()),
         });
         (sandbox, instance.ended)
@@ -258,6 +266,8 @@ pub(crate) struct Inner {
     metrics: Metrics,
     /// What sandbox access tokens are derived from.
     token_key: tokens::TokenKey,
+    /// The egress path of sandboxes that may reach the network.
+    egress: airlock_egress::Egress,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -266,9 +276,58 @@ pub struct Daemon {
     inner: Arc<Inner>,
 }
 
+/// The egress path, reporting to the audit streams and metrics: every
+/// refusal is a security event; allowed connections count in the metrics
+/// only.
+fn egress_path(
+    config: &Config,
+    audit: &Audit,
+    metrics: &Metrics,
+) -> Result<airlock_egress::Egress, String> {
+    let resolver: Arc<dyn airlock_egress::Resolve> = if config.egress_hosts.is_empty() {
+        match airlock_egress::SystemResolver::from_system() {
+            Ok(resolver) => Arc::new(resolver),
+            Err(e) => {
+                tracing::warn!("{e}; sandboxes will resolve no names");
+                Arc::new(airlock_egress::HostsResolver::default())
+            }
+        }
+    } else {
+        Arc::new(airlock_egress::HostsResolver::parse(&config.egress_hosts)?)
+    };
+    let audit = audit.clone();
+    let counters = metrics.egress.clone();
+    let events: airlock_egress::Events = Arc::new(move |event: airlock_egress::EgressEvent| {
+        counters
+            .get_or_create(&metrics::EgressLabel {
+                protocol: event.protocol,
+                reason: event.reason,
+            })
+            .inc();
+        if !event.allowed {
+            audit.record(
+                airlock_store::Stream::Security,
+                "egress.denied",
+                Some(&event.sandbox),
+                None,
+                serde_json::json!({
+                    "protocol": event.protocol,
+                    "destination": event.destination,
+                    "port": event.port,
+                    "reason": event.reason,
+                    "rule": event.rule,
+                }),
+            );
+        }
+    });
+    Ok(airlock_egress::Egress::new(resolver, events))
+}
+
 /// The daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("the egress resolver is not configured right: {0}")]
+    Egress(String),
     #[error("the admission limits are not valid: {0}")]
     Limits(#[from] airlock_core::LimitsError),
     #[error("cannot open the audit streams in {0}")]
@@ -291,6 +350,8 @@ impl Daemon {
         let audit_dir = config.data_dir.join("audit");
         let audit = Audit::start(&audit_dir, Arc::clone(&store))
             .map_err(|e| StartError::Audit(audit_dir, e))?;
+        let metrics = Metrics::new();
+        let egress = egress_path(&config, &audit, &metrics).map_err(StartError::Egress)?;
         Ok(Daemon {
             inner: Arc::new(Inner {
                 config,
@@ -300,8 +361,9 @@ impl Daemon {
                 live: Mutex::new(HashMap::new()),
                 creating: Mutex::new(Default::default()),
                 audit,
-                metrics: Metrics::new(),
+                metrics,
                 token_key,
+                egress,
             }),
         })
     }

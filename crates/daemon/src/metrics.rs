@@ -46,6 +46,15 @@ pub struct OutcomeLabel {
     pub outcome: ExecOutcome,
 }
 
+/// Label of an egress decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EgressLabel {
+    /// `tcp` or `dns`.
+    pub protocol: &'static str,
+    /// The decision's stable code (`allowed`, `not_allowlisted`, …).
+    pub reason: &'static str,
+}
+
 /// Label of an HTTP answer class.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabel {
@@ -81,6 +90,8 @@ pub struct Metrics {
     pub http_responses: Family<StatusLabel, Counter>,
     /// Audit events dropped because the writer fell behind (set before each scrape).
     pub audit_dropped: Gauge,
+    /// Egress connections and lookups, by protocol and decision.
+    pub egress: Family<EgressLabel, Counter>,
 }
 
 /// Latency buckets from 1 ms to about 16 s.
@@ -160,6 +171,12 @@ impl Metrics {
             "Audit events dropped because the writer fell behind",
             audit_dropped.clone(),
         );
+        let egress = Family::<EgressLabel, Counter>::default();
+        registry.register(
+            "egress",
+            "Egress connections and DNS lookups by protocol and decision",
+            egress.clone(),
+        );
         Metrics {
             registry,
             sandboxes,
@@ -174,6 +191,7 @@ impl Metrics {
             leaked_resources,
             http_responses,
             audit_dropped,
+            egress,
         }
     }
 

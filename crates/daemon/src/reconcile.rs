@@ -78,6 +78,12 @@ impl Daemon {
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(row.id.clone(), Arc::clone(&sandbox));
                     self.watch_for_death(&sandbox, ended);
+                    let supervisor = match resources {
+                        Resources::Process { supervisor_pid, .. } => *supervisor_pid,
+                    };
+                    if let Err(e) = self.attach_egress(&sandbox, supervisor) {
+                        tracing::error!("re-adopting {}: {e}", row.id);
+                    }
                     keep.insert(row.id.clone());
                     self.inner.audit.record(
                         Stream::Runtime,

@@ -213,6 +213,8 @@ impl Daemon {
         let instance = match created {
             Ok(instance) => instance,
             Err(e) => {
+                // Recorded dead at once (`Failed`); the stop below releases
+                // what the launch took.
                 let _ = self.transition(&id, State::Creating, Action::Failed);
                 forget_creating();
                 self.inner
@@ -261,6 +263,17 @@ impl Daemon {
         forget_creating();
         *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
         self.watch_for_death(&sandbox, ended);
+        if let Err(e) = self.attach_egress(&sandbox, supervisor) {
+            // Without its egress path the sandbox could not reach what its
+            // policy allows: it is not handed out.
+            sandbox.set_state(State::Stopping(DeadReason::CreateFailed));
+            // Recorded dead at once (`Failed`); the stop below releases
+            // what the launch took.
+            let _ = self.transition(&id, State::Creating, Action::Failed);
+            self.finish_stop(&sandbox, DeadReason::CreateFailed, Some(request_id))
+                .await;
+            return Err(e);
+        }
 
         match self.transition(&id, State::Creating, Action::Started)? {
             Some(state) => sandbox.set_state(state),
@@ -563,6 +576,33 @@ impl Daemon {
     pub fn access_token(&self, id: &str) -> Option<String> {
         let token = self.inner.token_key.token_for(id);
         self.access_token_matches(id, &token).then_some(token)
+    }
+
+    /// Serves the egress path of `sandbox` if its policy lets anything
+    /// out; its network namespace is the supervisor's (see
+    /// `airlock_jail::net`).
+    pub(crate) fn attach_egress(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        supervisor: Option<u32>,
+    ) -> Result<(), DaemonError> {
+        if sandbox.spec.network.is_none() {
+            return Ok(());
+        }
+        let pid = supervisor.ok_or_else(|| {
+            DaemonError::Internal(format!(
+                "{} has no supervisor to reach its network",
+                sandbox.id
+            ))
+        })?;
+        let netns = std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
+        let attachment = self
+            .inner
+            .egress
+            .attach(&sandbox.id, &netns, sandbox.spec.network.clone())
+            .map_err(|e| DaemonError::Internal(format!("egress of {}: {e}", sandbox.id)))?;
+        *sandbox.egress.lock().unwrap_or_else(|p| p.into_inner()) = Some(attachment);
+        Ok(())
     }
 
     /// The traffic token of `id` (see [`crate::tokens::TokenKey::traffic_token_for`]).

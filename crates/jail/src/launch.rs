@@ -115,6 +115,10 @@ struct ChildContext<'a> {
     argv: Vec<CString>,
     seccomp: seccompiler::BpfProgram,
     landlock: ll::LandlockCompat,
+    /// Whether the clone makes the sandbox's network namespace (policy
+    /// `none`) or it shares the launcher's, prepared by
+    /// [`crate::net::enter_egress_namespace`].
+    own_network: bool,
 }
 
 impl Jail {
@@ -265,13 +269,16 @@ impl Jail {
             } else {
                 ll::LandlockCompat::Required
             },
+            own_network: spec.network.is_none(),
         };
-        let flags = libc::CLONE_NEWUSER
+        let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
-            | libc::CLONE_NEWNET
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
+        if context.own_network {
+            flags |= libc::CLONE_NEWNET;
+        }
         // On cgroup v1 the launcher steps into the sandbox's cgroup for the
         // clone, so the child is born inside it (see
         // `SandboxCgroup::enter_with_current_thread`).
@@ -621,7 +628,9 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         rootfs::apply(context.rootfs, &mut root),
     )?;
     drop(root);
-    step("bring up loopback", loopback_up())?;
+    if context.own_network {
+        step("bring up loopback", loopback_up())?;
+    }
 
     step("enter the new root", std::env::set_current_dir(&new_root))?;
     step("pivot_root", rustix::process::pivot_root(".", "."))?;

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod kernel;
 pub mod landlock;
 pub mod launch;
+pub mod net;
 pub mod rootfs;
 pub mod runtime;
 pub mod seccomp;

@@ -378,6 +378,12 @@ fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
             "hosts",
             format!("127.0.0.1\tlocalhost {hostname}\n::1\tlocalhost ip6-localhost ip6-loopback\n"),
         ),
+        // The egress resolver listens here in a sandbox that may reach the
+        // network; with policy `none` lookups fail at once.
+        (
+            "resolv.conf",
+            "nameserver 127.0.0.1\noptions edns0\n".into(),
+        ),
         (
             "nsswitch.conf",
             "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n".into(),

@@ -213,7 +213,7 @@ pub enum SpecError {
     Cwd(String),
     #[error("a network allowlist may hold at most {MAX_RULES} rules, got {0}")]
     TooManyRules(usize),
-    #[error("network egress is not enforced by this build yet; only mode none is accepted")]
+    #[error("this launcher has no egress path: only network mode none is accepted here")]
     NetworkNotEnforced,
 }
 
@@ -275,14 +275,6 @@ impl SandboxSpec {
         }
         if self.network.rule_count() > MAX_RULES {
             return Err(SpecError::TooManyRules(self.network.rule_count()));
-        }
-        // Until the DNS resolver and egress proxy exist, a sandbox that asks
-        // for network access would silently get none or, worse, get it
-        // unenforced once a backend wires a namespace up: refuse it here,
-        // where every path (CLI, native API, e2b, the jail) passes. The
-        // enforcement work removes this check.
-        if !self.network.is_none() {
-            return Err(SpecError::NetworkNotEnforced);
         }
         Ok(())
     }
@@ -457,23 +449,15 @@ mod tests {
     }
 
     #[test]
-    fn network_modes_parse_but_only_none_is_accepted_until_enforced() {
+    fn network_modes_parse_and_validate() {
         for json in [
             r#"{"network": {"mode": "open"}}"#,
             r#"{"network": {"mode": "allow", "rules": ["pypi.org"]}}"#,
             r#"{"network": {"mode": "allow", "rules": []}}"#,
         ] {
             let spec: SandboxSpec = serde_json::from_str(json).unwrap();
-            assert_eq!(
-                spec.validate(),
-                Err(SpecError::NetworkNotEnforced),
-                "{json}"
-            );
+            assert_eq!(spec.validate(), Ok(()), "{json}");
         }
-        assert_eq!(
-            SpecError::NetworkNotEnforced.to_string(),
-            "network egress is not enforced by this build yet; only mode none is accepted"
-        );
         let spec = SandboxSpec {
             network: NetworkPolicy::allow(&vec!["pypi.org"; MAX_RULES + 1]).unwrap(),
             ..SandboxSpec::default()

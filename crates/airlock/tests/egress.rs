@@ -1,0 +1,233 @@
+//! Network policy enforcement end to end: sandboxes created through the
+//! daemon reach the test "internet" (a host this test starts in a network
+//! namespace of its own on this machine, named through the daemon's
+//! `--egress-host`) only as their policy says. Needs root, iproute2,
+//! nftables, python3 and curl (scripts/deps installs them).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::daemon::{assert_sandbox_gone, TestDaemon};
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The test internet: a namespace with one HTTP server on 198.51.100.2:8000
+/// (TEST-NET-2), joined to the host by a veth pair.
+struct Internet {
+    netns: String,
+    link: String,
+    server: Child,
+}
+
+impl Internet {
+    fn start() -> Internet {
+        for tool in ["ip", "nft", "python3", "curl"] {
+            assert!(
+                Command::new("sh")
+                    .args(["-c", &format!("command -v {tool}")])
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap()
+                    .success(),
+                "{tool} is missing: run scripts/deps as root"
+            );
+        }
+        let tag = std::process::id() % 100_000;
+        let netns = format!("al-inet-{tag}");
+        let link = format!("al-in{tag}");
+        let peer = format!("al-ip{tag}");
+        let _ = Command::new("ip").args(["netns", "del", &netns]).status();
+        let _ = Command::new("ip").args(["link", "del", &link]).status();
+        let script = format!(
+            "set -e
+             ip netns add {netns}
+             ip link add {link} type veth peer name {peer}
+             ip link set {peer} netns {netns}
+             ip addr add 198.51.100.1/24 dev {link}
+             ip link set {link} up
+             ip -n {netns} addr add 198.51.100.2/24 dev {peer}
+             ip -n {netns} link set {peer} up
+             ip -n {netns} link set lo up"
+        );
+        let ok = Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cannot set up the test internet (root needed)");
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("index.html"), "hello from site.test\n").unwrap();
+        let server = Command::new("ip")
+            .args(["netns", "exec", &netns, "python3", "-m", "http.server"])
+            .args(["8000", "--bind", "198.51.100.2"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
+            Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-m",
+                    "1",
+                    "http://198.51.100.2:8000/",
+                ])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(up, "the test internet's server did not start");
+        Internet {
+            netns,
+            link,
+            server,
+        }
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+fn create(daemon: &TestDaemon, network: serde_json::Value) -> String {
+    let created = daemon.create(json!({ "network": network }));
+    created["id"].as_str().unwrap().to_owned()
+}
+
+fn denials(daemon: &TestDaemon, id: &str) -> Vec<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(daemon.data_dir().join("audit/security.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["kind"] == "egress.denied" && e["sandbox_id"] == id)
+        .collect()
+}
+
+#[test]
+fn egress_follows_the_policy() {
+    let internet = Internet::start();
+    let daemon = TestDaemon::start(&[
+        "--egress-host",
+        "site.test=198.51.100.2",
+        "--egress-host",
+        "metadata.test=169.254.169.254",
+        "--egress-host",
+        "loop.test=127.0.0.1",
+    ]);
+
+    // An allowlisted name: reachable over HTTP, resolved by the sandbox's
+    // resolver; nothing else is.
+    let id = create(
+        &daemon,
+        json!({"mode": "allow", "rules": ["site.test", "metadata.test", "loop.test", "169.254.169.254"]}),
+    );
+    let (out, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let (out, _) = daemon.sh_out(&id, "getent hosts site.test");
+    assert!(out.starts_with("198.51.100.2"), "{out}");
+    // A name not on the list does not resolve (curl: 6)…
+    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://other.test:8000/");
+    assert_eq!(code, 6);
+    // …and naming it in Host while going to an allowed address is refused
+    // by the proxy (curl: 52, empty reply).
+    let (_, code) = daemon.sh_out(
+        &id,
+        "curl -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/",
+    );
+    assert_eq!(code, 52);
+    // The allowed host's address without its name is refused.
+    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://198.51.100.2:8000/");
+    assert_eq!(code, 52);
+    // A tool that ignores proxy settings and speaks raw TCP is intercepted
+    // all the same: allowed with the right Host, refused with another.
+    let raw = |host: &str| {
+        format!(
+            "python3 -c \"
+import socket
+s = socket.create_connection(('198.51.100.2', 8000), timeout=5)
+s.sendall(b'GET /index.html HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n')
+print(s.recv(4096).split(b' ')[1].decode())
+\" 2>&1"
+        )
+    };
+    let (out, _) = daemon.sh_out(&id, &raw("site.test"));
+    assert_eq!(out.trim(), "200", "{out}");
+    let (out, _) = daemon.sh_out(&id, &raw("other.test"));
+    assert!(!out.contains("200"), "{out}");
+    // Names that resolve into the always-denied set are refused whatever
+    // the rules say: cloud metadata (also as a literal rule) and loopback.
+    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://169.254.169.254/");
+    assert_ne!(code, 0);
+    let (out, _) = daemon.sh_out(&id, "getent hosts metadata.test loop.test; echo end");
+    assert_eq!(out, "end\n", "always-denied addresses are not handed out");
+    let (_, code) = daemon.sh_out(
+        &id,
+        "curl -s -m 5 --resolve metadata.test:80:169.254.169.254 http://metadata.test/",
+    );
+    assert_ne!(code, 0);
+    // UDP other than DNS and ICMP do not leave.
+    let (out, _) = daemon.sh_out(
+        &id,
+        "python3 -c \"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    s.sendto(b'x', ('198.51.100.2', 9999)); print('sent')
+except OSError as e:
+    print('refused', e.errno)
+\"",
+    );
+    assert!(out.starts_with("refused"), "{out}");
+    // Every refusal is a security audit event.
+    let seen = denials(&daemon, &id);
+    assert!(
+        seen.iter()
+            .any(|e| e["detail"]["protocol"] == "dns" && e["detail"]["destination"] == "other.test"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|e| e["detail"]["protocol"] == "tcp" && e["detail"]["reason"] == "always_denied"),
+        "{seen:?}"
+    );
+
+    // An IP rule lets the address through without a name.
+    let by_ip = create(
+        &daemon,
+        json!({"mode": "allow", "rules": ["198.51.100.2:8000"]}),
+    );
+    let (out, code) = daemon.sh_out(&by_ip, "curl -s -m 5 http://198.51.100.2:8000/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+
+    // `open` reaches the public address but never the always-denied set.
+    let open = create(&daemon, json!({"mode": "open"}));
+    let (out, code) = daemon.sh_out(&open, "curl -s -m 5 http://site.test:8000/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://169.254.169.254/");
+    assert_ne!(code, 0);
+
+    // `none` (the default) has loopback only.
+    let none = create(&daemon, json!({"mode": "none"}));
+    let (_, code) = daemon.sh_out(&none, "curl -s -m 5 http://198.51.100.2:8000/");
+    assert_ne!(code, 0);
+
+    // Teardown leaves nothing: the namespace, its links and its rules go
+    // with the sandbox.
+    daemon.delete_all();
+    for id in [&id, &by_ip, &open, &none] {
+        assert_sandbox_gone(id);
+    }
+    drop(internet);
+}

@@ -1,0 +1,211 @@
+//! The egress path of sandboxes that may reach the network.
+//!
+//! A sandbox whose policy is not `none` lives in a network namespace that
+//! the launcher prepared (`airlock_jail::net`): every TCP connection that
+//! would leave it is redirected to `lo:15001`, every DNS datagram to
+//! `127.0.0.1:53`, everything else is dropped. [`Egress::attach`] binds
+//! the listeners for those two ports *inside* that namespace (from a
+//! short-lived thread that enters it) and serves them from the daemon:
+//!
+//! - **DNS** ([`dns`]): a name the policy could allow is resolved on the
+//!   host and answered with the addresses outside the always-denied set;
+//!   any other name gets NXDOMAIN and is never forwarded anywhere, so a DNS
+//!   tunnel carries nothing out.
+//! - **TCP** ([`proxy`]): the original destination comes from
+//!   `SO_ORIGINAL_DST`; a connection the policy allows by address (an IP
+//!   rule, or `open`) is connected at once; otherwise the first bytes must
+//!   name a host (TLS SNI, HTTP `Host`), which is canonicalised, resolved on
+//!   the host (never trusting the address the sandbox chose), judged by
+//!   `NetworkPolicy::decide` for the resolved address, and only then
+//!   connected.
+//!
+//! Every refusal is reported through the [`Events`] callback (the daemon
+//! turns it into a security audit event and a metric). The policy of an
+//! attachment can be replaced while it runs; new connections and lookups
+//! see the new one. Dropping the [`Attachment`] stops its tasks; the
+//! namespace and its rules go with the sandbox, so no host state is left.
+
+pub mod dns;
+pub mod proxy;
+pub mod resolve;
+
+use airlock_policy::NetworkPolicy;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use tokio::task::JoinHandle;
+
+pub use resolve::{HostsResolver, Resolve, SystemResolver};
+
+/// What the egress path reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressEvent {
+    /// The sandbox it happened in.
+    pub sandbox: String,
+    /// `tcp` or `dns`.
+    pub protocol: &'static str,
+    /// The name or address the sandbox asked for.
+    pub destination: String,
+    /// The destination port (53 for DNS).
+    pub port: u16,
+    /// Whether it was let through.
+    pub allowed: bool,
+    /// Stable snake_case code of why (`not_allowlisted`, `always_denied`, …).
+    pub reason: &'static str,
+    /// The rule that decided, if one did.
+    pub rule: Option<String>,
+}
+
+/// Receives the egress path's events.
+pub type Events = Arc<dyn Fn(EgressEvent) + Send + Sync>;
+
+/// Errors attaching the egress path to a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("cannot enter the sandbox's network namespace at {path}")]
+    Enter {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot bind the egress listeners in the sandbox's network namespace")]
+    Bind(#[source] std::io::Error),
+}
+
+/// The egress path, shared by every sandbox of a daemon.
+#[derive(Clone)]
+pub struct Egress {
+    resolver: Arc<dyn Resolve>,
+    events: Events,
+}
+
+/// The shared state of one sandbox's egress path.
+pub(crate) struct Shared {
+    pub sandbox: String,
+    pub policy: RwLock<NetworkPolicy>,
+    pub resolver: Arc<dyn Resolve>,
+    pub events: Events,
+}
+
+impl Shared {
+    pub(crate) fn policy(&self) -> NetworkPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn report(&self, event: EgressEvent) {
+        (self.events)(event);
+    }
+}
+
+/// The egress path of one sandbox; dropping it stops it.
+pub struct Attachment {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Attachment {
+    /// The policy in force.
+    pub fn policy(&self) -> NetworkPolicy {
+        self.shared.policy()
+    }
+
+    /// Replaces the policy; connections and lookups from now on follow it.
+    pub fn set_policy(&self, policy: NetworkPolicy) {
+        *self
+            .shared
+            .policy
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+}
+
+impl Egress {
+    pub fn new(resolver: Arc<dyn Resolve>, events: Events) -> Egress {
+        Egress { resolver, events }
+    }
+
+    /// Serves the egress path of `sandbox`, whose network namespace is at
+    /// `netns` (`/proc/<pid>/ns/net` of a process inside it). Must be
+    /// called within a tokio runtime.
+    pub fn attach(
+        &self,
+        sandbox: &str,
+        netns: &Path,
+        policy: NetworkPolicy,
+    ) -> Result<Attachment, EgressError> {
+        let (tcp, dns) = bind_inside(netns)?;
+        let shared = Arc::new(Shared {
+            sandbox: sandbox.to_owned(),
+            policy: RwLock::new(policy),
+            resolver: Arc::clone(&self.resolver),
+            events: Arc::clone(&self.events),
+        });
+        let mut tasks = Vec::new();
+        for listener in tcp {
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(EgressError::Bind)?;
+            tasks.push(tokio::spawn(proxy::serve(listener, Arc::clone(&shared))));
+        }
+        let dns = tokio::net::UdpSocket::from_std(dns).map_err(EgressError::Bind)?;
+        tasks.push(tokio::spawn(dns::serve(dns, Arc::clone(&shared))));
+        Ok(Attachment { shared, tasks })
+    }
+}
+
+/// Binds the proxy (IPv4 and, when the namespace has it, IPv6) and the
+/// resolver inside the namespace at `netns`, from a thread that enters it
+/// and ends: sockets keep the namespace they were made in.
+fn bind_inside(netns: &Path) -> Result<(Vec<TcpListener>, UdpSocket), EgressError> {
+    let path = netns.to_path_buf();
+    let joined = std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> Result<(Vec<TcpListener>, UdpSocket), EgressError> {
+                let enter = |source| EgressError::Enter {
+                    path: path.clone(),
+                    source,
+                };
+                let namespace = std::fs::File::open(&path).map_err(enter)?;
+                rustix::thread::move_into_link_name_space(
+                    std::os::fd::AsFd::as_fd(&namespace),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .map_err(|e| enter(e.into()))?;
+                let port = airlock_jail::net::PROXY_PORT;
+                let mut tcp = vec![TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port)))
+                    .map_err(EgressError::Bind)?];
+                if let Ok(v6) =
+                    TcpListener::bind(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)))
+                {
+                    tcp.push(v6);
+                }
+                let dns = UdpSocket::bind(SocketAddr::from((
+                    [127, 0, 0, 1],
+                    airlock_jail::net::DNS_PORT,
+                )))
+                .map_err(EgressError::Bind)?;
+                for listener in &tcp {
+                    listener.set_nonblocking(true).map_err(EgressError::Bind)?;
+                }
+                dns.set_nonblocking(true).map_err(EgressError::Bind)?;
+                Ok((tcp, dns))
+            })
+            .join()
+    });
+    match joined {
+        Ok(bound) => bound,
+        Err(_) => Err(EgressError::Bind(std::io::Error::other(
+            "the thread binding the egress listeners panicked",
+        ))),
+    }
+}

@@ -1,0 +1,242 @@
+//! The transparent TCP proxy (see the crate doc for the decision order).
+
+use crate::{EgressEvent, Shared};
+use airlock_egress_parse::{http_host, tls_sni, Sniffed, MAX_SNIFF_BYTES};
+use airlock_policy::{canonical_host, Decision, Destination, Host, NetworkPolicy};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How long a connection may take to name its host.
+const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting upstream may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Accepts redirected connections until the attachment is dropped.
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            handle(stream, &shared).await;
+        });
+    }
+}
+
+async fn handle(mut inside: TcpStream, shared: &Shared) {
+    let _ = inside.set_nodelay(true);
+    let Some(original) = original_destination(&inside) else {
+        return;
+    };
+    let local = inside.local_addr().ok();
+    let policy = shared.policy();
+    let port = original.port();
+    // A connection made to the proxy itself was not redirected: it is a
+    // connection to the sandbox's own loopback, never a way out.
+    if Some(original) == local {
+        return;
+    }
+    let unnamed = policy.decide(&Destination {
+        host: None,
+        ip: original.ip(),
+        port,
+    });
+    if unnamed.is_allowed() {
+        if let Some(upstream) = connect(original).await {
+            report(shared, &original.ip().to_string(), port, &unnamed);
+            splice(inside, upstream, Vec::new()).await;
+        }
+        return;
+    }
+    let (named, first) = sniff(&mut inside).await;
+    let Some(raw) = named else {
+        report(shared, &original.ip().to_string(), port, &unnamed);
+        return;
+    };
+    let host = match canonical_host(&raw) {
+        Ok(host) => host,
+        Err(_) => {
+            shared.report(EgressEvent {
+                sandbox: shared.sandbox.clone(),
+                protocol: "tcp",
+                destination: raw.chars().take(256).collect(),
+                port,
+                allowed: false,
+                reason: "bad_host",
+                rule: None,
+            });
+            return;
+        }
+    };
+    let candidates: Vec<IpAddr> = match &host {
+        // A literal is judged against where the connection goes.
+        Host::Ip(_) => vec![original.ip()],
+        Host::Name(name) => {
+            if !policy.allows_name(name.as_str()) {
+                let decision = policy.decide(&Destination {
+                    host: Some(host.clone()),
+                    ip: original.ip(),
+                    port,
+                });
+                report(shared, name.as_str(), port, &decision);
+                return;
+            }
+            match shared.resolver.lookup(name.as_str()).await {
+                Ok(ips) => ips,
+                Err(e) => {
+                    tracing::debug!("egress: {e}");
+                    shared.report(EgressEvent {
+                        sandbox: shared.sandbox.clone(),
+                        protocol: "tcp",
+                        destination: name.as_str().to_owned(),
+                        port,
+                        allowed: false,
+                        reason: "unresolvable",
+                        rule: None,
+                    });
+                    return;
+                }
+            }
+        }
+    };
+    let label = match &host {
+        Host::Name(name) => name.as_str().to_owned(),
+        Host::Ip(ip) => ip.to_string(),
+    };
+    let mut last = None;
+    for ip in candidates {
+        let decision = policy.decide(&Destination {
+            host: Some(host.clone()),
+            ip,
+            port,
+        });
+        if decision.is_allowed() {
+            if let Some(upstream) = connect(SocketAddr::new(ip, port)).await {
+                report(shared, &label, port, &decision);
+                splice(inside, upstream, first).await;
+                return;
+            }
+        }
+        last = Some(decision);
+    }
+    if let Some(decision) = last.filter(|d| !d.is_allowed()) {
+        report(shared, &label, port, &decision);
+    }
+}
+
+fn report(shared: &Shared, destination: &str, port: u16, decision: &Decision) {
+    let (allowed, reason, rule) = match decision {
+        Decision::Allow { rule } => (true, "allowed", rule.clone()),
+        Decision::Deny { reason, rule } => (false, reason.code(), rule.clone()),
+    };
+    shared.report(EgressEvent {
+        sandbox: shared.sandbox.clone(),
+        protocol: "tcp",
+        destination: destination.to_owned(),
+        port,
+        allowed,
+        reason,
+        rule,
+    });
+}
+
+/// Reads the connection's first bytes until they name a host (or cannot).
+async fn sniff(inside: &mut TcpStream) -> (Option<String>, Vec<u8>) {
+    let mut first = Vec::with_capacity(2048);
+    let read = tokio::time::timeout(SNIFF_TIMEOUT, async {
+        loop {
+            let mut buf = [0u8; 4096];
+            let n = inside.read(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            first.extend_from_slice(&buf[..n]);
+            match (tls_sni(&first), http_host(&first)) {
+                (Sniffed::Name { host, .. }, _) | (_, Sniffed::Name { host, .. }) => {
+                    return Some(host)
+                }
+                (Sniffed::NeedMore, _) | (_, Sniffed::NeedMore)
+                    if first.len() < MAX_SNIFF_BYTES => {}
+                _ => return None,
+            }
+        }
+    })
+    .await;
+    (read.ok().flatten(), first)
+}
+
+async fn connect(to: SocketAddr) -> Option<TcpStream> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(to))
+        .await
+        .ok()?
+        .ok()?;
+    let _ = stream.set_nodelay(true);
+    Some(stream)
+}
+
+async fn splice(mut inside: TcpStream, mut upstream: TcpStream, first: Vec<u8>) {
+    if !first.is_empty() && upstream.write_all(&first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut inside, &mut upstream).await;
+}
+
+/// Where a redirected connection was going (`SO_ORIGINAL_DST`).
+fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    let fd = stream.as_raw_fd();
+    match stream.local_addr().ok()? {
+        SocketAddr::V4(_) => {
+            // SAFETY: sockaddr_in is plain old data; all-zero is valid.
+            let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            // SAFETY: `fd` is an open socket owned by `stream` for the whole
+            // call; the kernel writes at most `len` bytes into `addr`, a
+            // valid, writable sockaddr_in, and updates `len`.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IP,
+                    SO_ORIGINAL_DST,
+                    (&mut addr as *mut libc::sockaddr_in).cast(),
+                    &mut len,
+                )
+            };
+            (rc == 0).then(|| {
+                SocketAddr::from((
+                    u32::from_be(addr.sin_addr.s_addr).to_be_bytes(),
+                    u16::from_be(addr.sin_port),
+                ))
+            })
+        }
+        SocketAddr::V6(_) => {
+            // SAFETY: sockaddr_in6 is plain old data; all-zero is valid.
+            let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            let mut len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            // SAFETY: as above, with IP6T_SO_ORIGINAL_DST (also 80) and a
+            // valid, writable sockaddr_in6.
+            let rc = unsafe {
+                libc::getsockopt(
+                    fd,
+                    libc::SOL_IPV6,
+                    SO_ORIGINAL_DST,
+                    (&mut addr as *mut libc::sockaddr_in6).cast(),
+                    &mut len,
+                )
+            };
+            (rc == 0)
+                .then(|| SocketAddr::from((addr.sin6_addr.s6_addr, u16::from_be(addr.sin6_port))))
+        }
+    }
+}
+
+/// Whether `policy` could let anything out (for callers deciding whether
+/// a sandbox needs the egress path at all).
+pub fn needs_egress(policy: &NetworkPolicy) -> bool {
+    !policy.is_none()
+}

@@ -1,0 +1,125 @@
+//! The network namespace of a sandbox that may reach the network.
+//!
+//! A sandbox whose policy is `none` gets a namespace of its own from the
+//! clone (loopback only, brought up by its init). Any other policy is
+//! enforced by the daemon's egress path, and the namespace is prepared by
+//! the launcher *before* the clone, as host root, so it belongs to the
+//! host's user namespace: nothing inside the sandbox — not its root, not
+//! the agent — holds `CAP_NET_ADMIN` over it, so its routes and filter rules
+//! cannot be changed from inside.
+//!
+//! What the namespace holds:
+//!
+//! - `lo`, up; the daemon binds its egress listeners there: the
+//!   transparent proxy on `127.0.0.1` and `::1` port [`PROXY_PORT`] and the
+//!   resolver on `127.0.0.1` port 53 (`/etc/resolv.conf` names it).
+//! - a veth pair `e0`/`e1` with both ends inside, `e0` carrying a host
+//!   address and the default routes: without a route, `connect` to an
+//!   outside address would fail before the filter could redirect it.
+//! - the rules of [`RULES`] (nftables, in this namespace only: nothing is
+//!   added to the host's firewall, and the rules go with the namespace):
+//!   every TCP connection that would leave is redirected to the proxy
+//!   (which reads its original destination with `SO_ORIGINAL_DST`), every
+//!   UDP datagram to port 53 to the resolver, and anything else that would
+//!   leave through `e0` — other UDP, ICMP, raw packets — is dropped.
+//!
+//! The setup runs `ip -batch` and `nft -f` (iproute2 and nftables) once
+//! per sandbox, after `unshare(CLONE_NEWNET)` in the launcher.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// Port of the transparent TCP proxy on the namespace's loopback.
+pub const PROXY_PORT: u16 = 15001;
+/// Port of the resolver on `127.0.0.1` inside the namespace.
+pub const DNS_PORT: u16 = 53;
+
+/// Interfaces and routes, as `ip -batch` input.
+pub const LINKS: &str = "\
+link set lo up
+link add e0 type veth peer name e1
+link set e1 up
+link set e0 up
+addr add 10.255.255.1/32 dev e0
+route add default dev e0
+addr add fd7a:a1:10c::1/128 dev e0 nodad
+route add ::/0 dev e0
+";
+
+/// The filter rules, as `nft -f` input: the reviewed artifact of what may
+/// leave. Packets to the namespace's own addresses go through `lo` and are
+/// untouched (servers inside the sandbox keep working for its own
+/// clients).
+pub const RULES: &str = "\
+table inet airlock {
+  chain to_proxy {
+    type nat hook output priority -100; policy accept;
+    oifname \"lo\" return
+    meta l4proto tcp redirect to :15001
+    udp dport 53 redirect to :53
+  }
+  chain out_filter {
+    type filter hook postrouting priority 0; policy drop;
+    oifname \"lo\" accept
+  }
+}
+";
+
+/// The namespace could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot create a network namespace")]
+    Unshare(#[source] std::io::Error),
+    #[error("cannot run {program} to set up the sandbox's network (is it installed?)")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed to set up the sandbox's network: {stderr}")]
+    Failed {
+        program: &'static str,
+        stderr: String,
+    },
+}
+
+/// Moves this process into a new network namespace and prepares it as the
+/// module doc says. Must run before the sandbox is cloned (which then
+/// shares it) and in a single-threaded process (`unshare` of the network
+/// namespace applies to the calling thread only).
+pub fn enter_egress_namespace() -> Result<(), NetError> {
+    // SAFETY: the hazard `unshare_unsafe` guards against is FILES, which
+    // splits the descriptor table between threads; NEWNET only gives this
+    // thread (the whole process: the caller is single-threaded) a new
+    // network namespace, and every descriptor stays valid.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+        .map_err(|e| NetError::Unshare(e.into()))?;
+    run("ip", &["-batch", "-"], LINKS)?;
+    run("nft", &["-f", "-"], RULES)?;
+    Ok(())
+}
+
+fn run(program: &'static str, args: &[&str], input: &str) -> Result<(), NetError> {
+    let spawn = |source| NetError::Spawn { program, source };
+    let mut child = Command::new(program)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(spawn)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).map_err(spawn)?;
+    }
+    let out = child.wait_with_output().map_err(spawn)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(NetError::Failed {
+            program,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
