@@ -658,7 +658,7 @@ fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         json!({"timeout_s": 0}),
         json!({"tier": "microvm"}),
         json!({"template": "../../etc"}),
-        json!({"network": {"mode": "open"}}),
+        json!({"network": {"mode": "allow", "rules": ["pypi.org:0"]}}),
         json!({"mounts": [{"source": "/etc", "target": "/mnt/etc"}]}),
         json!({"env": {"A=B": "c"}}),
     ] {

@@ -23,6 +23,7 @@ use tower::ServiceExt;
 #[derive(Default)]
 struct CountingTier {
     creates: AtomicUsize,
+    ids: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -34,7 +35,7 @@ impl Backend for CountingTier {
         Ok(())
     }
     fn reserve_id(&self) -> String {
-        "sbx-1".into()
+        format!("sbx-{:016x}", self.ids.fetch_add(1, Ordering::SeqCst))
     }
     fn unreserve(&self, _: &str) {}
     async fn create(&self, _: &str, _: &SandboxSpec) -> Result<Instance, CreateError> {
