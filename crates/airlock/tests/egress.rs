@@ -203,6 +203,27 @@ except OSError as e:
         "{seen:?}"
     );
 
+    // The policy can be read and replaced while the sandbox runs: new
+    // connections follow the new one at once.
+    let path = format!("/v1/sandboxes/{id}/network");
+    let shown = daemon.call("GET", &path, None).json();
+    assert_eq!(shown["mode"], "allow");
+    assert_eq!(shown["rules"][0], "site.test");
+    let replaced = daemon.call(
+        "PUT",
+        &path,
+        Some(json!({"mode": "allow", "rules": ["other.test"]})),
+    );
+    assert_eq!(replaced.status, 200, "{}", replaced.text());
+    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    assert_eq!(code, 6, "site.test no longer resolves");
+    let back = daemon.call("PUT", &path, Some(json!({"mode": "allow", "rules": ["site.test"]})));
+    assert_eq!(back.status, 200);
+    let (out, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let bad = daemon.call("PUT", &path, Some(json!({"mode": "allow", "rules": ["a b"]})));
+    assert_eq!(bad.status, 400, "{}", bad.text());
+
     // An IP rule lets the address through without a name.
     let by_ip = create(
         &daemon,
@@ -218,10 +239,17 @@ except OSError as e:
     let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://169.254.169.254/");
     assert_ne!(code, 0);
 
-    // `none` (the default) has loopback only.
+    // `none` (the default) has loopback only, and no egress path to give a
+    // policy to later.
     let none = create(&daemon, json!({"mode": "none"}));
     let (_, code) = daemon.sh_out(&none, "curl -s -m 5 http://198.51.100.2:8000/");
     assert_ne!(code, 0);
+    let refused = daemon.call(
+        "PUT",
+        &format!("/v1/sandboxes/{none}/network"),
+        Some(json!({"mode": "open"})),
+    );
+    assert_eq!(refused.status, 409, "{}", refused.text());
 
     // Teardown leaves nothing: the namespace, its links and its rules go
     // with the sandbox.

@@ -197,6 +197,52 @@ pub async fn set_timeout(
     Ok(Json(SandboxView::of(&row, None)))
 }
 
+/// The sandbox's network policy.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The policy in force", body = NetworkView),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+    ))]
+pub async fn get_network(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<NetworkView>> {
+    let key = caller.key()?;
+    let policy = api.daemon.network_policy(key, &id)?;
+    Ok(Json(NetworkView::of(&policy)))
+}
+
+/// Replaces the sandbox's network policy while it runs: new connections and
+/// DNS lookups follow it at once. A sandbox created with `none` cannot be
+/// given network (409).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = NetworkInput,
+    responses(
+        (status = 200, description = "The policy now in force", body = NetworkView),
+        (status = 400, description = "Bad mode or rule", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not running, or created without an egress path", body = ErrorBody),
+    ))]
+pub async fn set_network(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    Path(id): Path<String>,
+    body: std::result::Result<Json<NetworkInput>, JsonRejection>,
+) -> Result<Json<NetworkView>> {
+    let key = caller.key()?;
+    let body = json_body(body)?;
+    let policy = body.policy().map_err(ApiError::bad_request)?;
+    let policy = api
+        .daemon
+        .set_network_policy(key, &id, policy, &request_id.0)?;
+    Ok(Json(NetworkView::of(&policy)))
+}
+
 /// Valid UTF-8 text of a byte stream cut into chunks at arbitrary points.
 #[derive(Default)]
 struct Utf8Carry {

@@ -73,8 +73,7 @@ fn yes() -> bool {
 
 /// Network policy: `none` (loopback only, the default), `open` (the public
 /// internet) or `allow` with `rules`. Private, loopback and link-local
-/// (metadata) addresses are never reachable. Until egress enforcement lands
-/// in this build, only `none` is accepted.
+/// (metadata) addresses are never reachable.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInput {
@@ -110,6 +109,30 @@ impl NetworkInput {
             (other, _) => Err(format!(
                 "network.mode: {other:?} is not a mode; use \"none\", \"open\" or \"allow\""
             )),
+        }
+    }
+}
+
+/// A sandbox's network policy as the API shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NetworkView {
+    /// `none`, `open` or `allow`.
+    pub mode: String,
+    /// With `allow`: the rules, in their canonical text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<Vec<String>>,
+}
+
+impl NetworkView {
+    pub fn of(policy: &NetworkPolicy) -> NetworkView {
+        NetworkView {
+            mode: policy.mode().to_owned(),
+            rules: match policy {
+                NetworkPolicy::Allow { rules } => {
+                    Some(rules.iter().map(ToString::to_string).collect())
+                }
+                _ => None,
+            },
         }
     }
 }

@@ -655,6 +655,77 @@ impl Daemon {
         self.get(key, id)
     }
 
+    /// The network policy in force in `id`.
+    pub fn network_policy(
+        &self,
+        key: &KeyRow,
+        id: &str,
+    ) -> Result<airlock_policy::NetworkPolicy, DaemonError> {
+        self.get(key, id)?;
+        let sandbox = self.running(id)?;
+        let attached = sandbox
+            .egress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(airlock_egress::Attachment::policy);
+        Ok(attached.unwrap_or_else(|| sandbox.spec.network.clone()))
+    }
+
+    /// Replaces the network policy of the running sandbox `id`: new
+    /// connections and lookups follow it at once (open connections keep
+    /// going). A sandbox created with `none` has no egress path to give a
+    /// policy to.
+    pub fn set_network_policy(
+        &self,
+        key: &KeyRow,
+        id: &str,
+        policy: airlock_policy::NetworkPolicy,
+        request_id: &str,
+    ) -> Result<airlock_policy::NetworkPolicy, DaemonError> {
+        let row = self.get(key, id)?;
+        let sandbox = self.running(id)?;
+        if policy.rule_count() > airlock_policy::network::MAX_RULES {
+            return Err(DaemonError::BadInput(format!(
+                "a network allowlist may hold at most {} rules",
+                airlock_policy::network::MAX_RULES
+            )));
+        }
+        let before = {
+            let egress = sandbox.egress.lock().unwrap_or_else(|p| p.into_inner());
+            match egress.as_ref() {
+                Some(attachment) => {
+                    let before = attachment.policy();
+                    attachment.set_policy(policy.clone());
+                    before
+                }
+                None if policy.is_none() => return Ok(policy),
+                None => {
+                    return Err(DaemonError::Conflict(
+                        "this sandbox was created with network mode none and has no egress path; \
+                         create a sandbox with the policy it needs"
+                            .into(),
+                    ))
+                }
+            }
+        };
+        // Recorded, so a restarted daemon re-attaches with it.
+        if let Ok(mut spec) = serde_json::from_str::<airlock_policy::SandboxSpec>(&row.spec_json) {
+            spec.network = policy.clone();
+            if let Ok(json) = serde_json::to_string(&spec) {
+                self.with_store(|s| s.set_spec(id, &json))?;
+            }
+        }
+        self.inner.audit.record(
+            Stream::Security,
+            "egress.policy_changed",
+            Some(id),
+            Some(request_id),
+            json!({"from": before, "to": policy}),
+        );
+        Ok(policy)
+    }
+
     /// Kills sandboxes whose time is up, forever (spawn it once).
     pub async fn run_reaper(self) {
         let mut tick = tokio::time::interval(REAPER_TICK);

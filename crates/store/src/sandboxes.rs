@@ -174,6 +174,17 @@ impl Store {
         )
     }
 
+    /// Replaces the spec a sandbox is recorded with (a live change, such as
+    /// a new network policy, that a re-adopting daemon must see).
+    pub fn set_spec(&self, id: &str, spec_json: &str) -> Result<(), StoreError> {
+        check_json("spec_json", spec_json, true)?;
+        self.update_one(
+            id,
+            "UPDATE sandboxes SET spec_json = ?2, updated_at = ?3 WHERE id = ?1",
+            Value::Text(spec_json.to_owned()),
+        )
+    }
+
     /// Records (or with `None` clears) the sandbox's supervisor process.
     pub fn set_supervisor(&self, id: &str, pid: Option<u32>) -> Result<(), StoreError> {
         self.update_one(
