@@ -217,11 +217,19 @@ except OSError as e:
     assert_eq!(replaced.status, 200, "{}", replaced.text());
     let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
     assert_eq!(code, 6, "site.test no longer resolves");
-    let back = daemon.call("PUT", &path, Some(json!({"mode": "allow", "rules": ["site.test"]})));
+    let back = daemon.call(
+        "PUT",
+        &path,
+        Some(json!({"mode": "allow", "rules": ["site.test"]})),
+    );
     assert_eq!(back.status, 200);
     let (out, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
-    let bad = daemon.call("PUT", &path, Some(json!({"mode": "allow", "rules": ["a b"]})));
+    let bad = daemon.call(
+        "PUT",
+        &path,
+        Some(json!({"mode": "allow", "rules": ["a b"]})),
+    );
     assert_eq!(bad.status, 400, "{}", bad.text());
 
     // An IP rule lets the address through without a name.

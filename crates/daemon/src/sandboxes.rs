@@ -691,24 +691,23 @@ impl Daemon {
                 airlock_policy::network::MAX_RULES
             )));
         }
-        let before = {
-            let egress = sandbox.egress.lock().unwrap_or_else(|p| p.into_inner());
-            match egress.as_ref() {
-                Some(attachment) => {
-                    let before = attachment.policy();
-                    attachment.set_policy(policy.clone());
-                    before
-                }
-                None if policy.is_none() => return Ok(policy),
-                None => {
-                    return Err(DaemonError::Conflict(
+        let before =
+            {
+                let egress = sandbox.egress.lock().unwrap_or_else(|p| p.into_inner());
+                match egress.as_ref() {
+                    Some(attachment) => {
+                        let before = attachment.policy();
+                        attachment.set_policy(policy.clone());
+                        before
+                    }
+                    None if policy.is_none() => return Ok(policy),
+                    None => return Err(DaemonError::Conflict(
                         "this sandbox was created with network mode none and has no egress path; \
                          create a sandbox with the policy it needs"
                             .into(),
-                    ))
+                    )),
                 }
-            }
-        };
+            };
         // Recorded, so a restarted daemon re-attaches with it.
         if let Ok(mut spec) = serde_json::from_str::<airlock_policy::SandboxSpec>(&row.spec_json) {
             spec.network = policy.clone();
