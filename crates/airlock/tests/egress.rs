@@ -18,6 +18,9 @@ struct Internet {
     netns: String,
     link: String,
     server: Child,
+    /// A service of the host itself, on its side of the veth
+    /// (198.51.100.1:8001): public as addresses go, but the host's own.
+    host_service: Child,
 }
 
 impl Internet {
@@ -80,10 +83,32 @@ impl Internet {
                 .is_ok_and(|s| s.success())
         });
         assert!(up, "the test internet's server did not start");
+        let host_service = Command::new("python3")
+            .args(["-m", "http.server", "8001", "--bind", "198.51.100.1"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
+            Command::new("curl")
+                .args([
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-m",
+                    "1",
+                    "http://198.51.100.1:8001/",
+                ])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(up, "the host service did not start");
         Internet {
             netns,
             link,
             server,
+            host_service,
         }
     }
 }
@@ -92,6 +117,8 @@ impl Drop for Internet {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
+        let _ = self.host_service.kill();
+        let _ = self.host_service.wait();
         let _ = Command::new("ip")
             .args(["link", "del", &self.link])
             .status();
@@ -246,6 +273,16 @@ except OSError as e:
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
     let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://169.254.169.254/");
     assert_ne!(code, 0);
+    // Nor the host's own addresses, public or not.
+    let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://198.51.100.1:8001/");
+    assert_ne!(code, 0, "a host service is reachable from an open sandbox");
+    assert!(
+        denials(&daemon, &open)
+            .iter()
+            .any(|e| e["detail"]["reason"] == "host_address"),
+        "{:?}",
+        denials(&daemon, &open)
+    );
 
     // `none` (the default) has loopback only, and no egress path to give a
     // policy to later.

@@ -83,7 +83,7 @@ pub(crate) async fn answer(query: &Message, shared: &Shared) -> Message {
     match shared.resolver.lookup(&name).await {
         Ok(ips) => {
             for ip in ips {
-                if always_denied(ip).is_some() {
+                if always_denied(ip).is_some() || crate::is_host_address(ip) {
                     continue;
                 }
                 let rdata = match (ip, wanted) {

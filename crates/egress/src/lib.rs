@@ -163,6 +163,16 @@ impl Egress {
     }
 }
 
+/// Whether `ip` is an address of this host (in the daemon's network
+/// namespace): binding a socket to an address succeeds only for local
+/// ones, which is always current, unlike a list read at start.
+pub fn is_host_address(ip: std::net::IpAddr) -> bool {
+    if ip.is_unspecified() || ip.is_loopback() {
+        return true;
+    }
+    UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
 /// Binds the proxy (IPv4 and, when the namespace has it, IPv6) and the
 /// resolver inside the namespace at `netns`, from a thread that enters it
 /// and ends: sockets keep the namespace they were made in.

@@ -43,11 +43,14 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
     if Some(original) == local {
         return;
     }
-    let unnamed = policy.decide(&Destination {
-        host: None,
-        ip: original.ip(),
-        port,
-    });
+    let unnamed = host_guard(
+        original.ip(),
+        policy.decide(&Destination {
+            host: None,
+            ip: original.ip(),
+            port,
+        }),
+    );
     if unnamed.is_allowed() {
         if let Some(upstream) = connect(original).await {
             report(shared, &original.ip().to_string(), port, &unnamed);
@@ -112,11 +115,14 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
     };
     let mut last = None;
     for ip in candidates {
-        let decision = policy.decide(&Destination {
-            host: Some(host.clone()),
+        let decision = host_guard(
             ip,
-            port,
-        });
+            policy.decide(&Destination {
+                host: Some(host.clone()),
+                ip,
+                port,
+            }),
+        );
         if decision.is_allowed() {
             if let Some(upstream) = connect(SocketAddr::new(ip, port)).await {
                 report(shared, &label, port, &decision);
@@ -129,6 +135,19 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
     if let Some(decision) = last.filter(|d| !d.is_allowed()) {
         report(shared, &label, port, &decision);
     }
+}
+
+/// Refuses addresses of the host itself (its public and private
+/// interfaces, where the daemon and other services may listen) even when
+/// the policy would allow them: they are not "the internet".
+fn host_guard(ip: IpAddr, decision: Decision) -> Decision {
+    if decision.is_allowed() && crate::is_host_address(ip) {
+        return Decision::Deny {
+            reason: airlock_policy::DenyReason::HostAddress,
+            rule: None,
+        };
+    }
+    decision
 }
 
 fn report(shared: &Shared, destination: &str, port: u16, decision: &Decision) {

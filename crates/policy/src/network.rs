@@ -168,6 +168,9 @@ pub enum DenyReason {
     HostAddressMismatch,
     /// Port 0 is no destination.
     InvalidPort,
+    /// The address is one of the host's own (judged by the enforcement,
+    /// which knows the host's interfaces; the policy alone cannot).
+    HostAddress,
 }
 
 impl DenyReason {
@@ -180,6 +183,7 @@ impl DenyReason {
             DenyReason::UnnamedNotAllowlisted => "unnamed_not_allowlisted",
             DenyReason::HostAddressMismatch => "host_address_mismatch",
             DenyReason::InvalidPort => "invalid_port",
+            DenyReason::HostAddress => "host_address",
         }
     }
 }
@@ -188,6 +192,7 @@ impl fmt::Display for DenyReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DenyReason::PolicyNone => f.write_str("the sandbox has no network access"),
+            DenyReason::HostAddress => f.write_str("the address is the host's own"),
             DenyReason::AlwaysDenied(range) => {
                 write!(f, "the address is never reachable: {}", range.reason())
             }
