@@ -74,6 +74,11 @@ pub struct ServeArgs {
     /// With any given, the host's resolver is not used at all.
     #[arg(long = "egress-host", value_name = "NAME=IP")]
     egress_host: Vec<String>,
+    /// Network of an e2b sandbox whose create leaves internet access on
+    /// (the SDKs' default): `none` (airlock denies by default) or `open`.
+    #[arg(long = "e2b-internet", value_name = "none|open", default_value = "none",
+          value_parser = ["none", "open"])]
+    e2b_internet: String,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -189,6 +194,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_timeout = args.default_timeout;
     config.max_upload_bytes = args.max_upload;
     config.egress_hosts = args.egress_host.clone();
+    config.e2b_internet = args.e2b_internet == "open";
     config.mount_roots = args
         .allow_mount
         .iter()

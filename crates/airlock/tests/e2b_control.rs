@@ -360,21 +360,41 @@ fn errors_come_in_the_shape_the_sdks_parse() {
         ),
         400,
     );
-    // Internet access asked for explicitly through the network rules: 400, said plainly.
+    // A partial deny list cannot be expressed: 400, said plainly.
     let message = assert_error(
         &e2b(
             &daemon,
             "POST",
             "/v2/sandboxes",
-            Some(json!({"templateID": "base", "network": {"allowOut": ["example.com"]}})),
+            Some(json!({"templateID": "base", "network": {"denyOut": ["8.8.8.8/32"]}})),
         ),
         400,
     );
-    assert!(
-        message.contains("internet access is not available"),
-        "{message}"
+    assert!(message.contains("denyOut"), "{message}");
+    // Deny everything but what allowOut gives back: an allowlist, which
+    // reads back and can be replaced through PUT /sandboxes/{id}/network.
+    let answer = e2b(
+        &daemon,
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base", "allow_internet_access": false,
+                    "network": {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}})),
     );
-    // Denying everything is what happens anyway.
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    let listed = answer.json()["sandboxID"].as_str().unwrap().to_owned();
+    let native = daemon.call("GET", &format!("/v1/sandboxes/{listed}/network"), None);
+    assert_eq!(native.json()["mode"], "allow", "{}", native.text());
+    assert_eq!(native.json()["rules"][0], "example.com");
+    let updated = e2b(
+        &daemon,
+        "PUT",
+        &format!("/sandboxes/{listed}/network"),
+        Some(json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]})),
+    );
+    assert_eq!(updated.status, 204, "{}", updated.text());
+    let native = daemon.call("GET", &format!("/v1/sandboxes/{listed}/network"), None);
+    assert_eq!(native.json()["rules"][0], "pypi.org");
+    // Denying everything is mode none, which has no egress path to update.
     let answer = e2b(
         &daemon,
         "POST",
@@ -383,6 +403,14 @@ fn errors_come_in_the_shape_the_sdks_parse() {
                     "network": {"denyOut": ["0.0.0.0/0"]}})),
     );
     assert_eq!(answer.status, 201, "{}", answer.text());
+    let closed = answer.json()["sandboxID"].as_str().unwrap().to_owned();
+    let refused = e2b(
+        &daemon,
+        "PUT",
+        &format!("/sandboxes/{closed}/network"),
+        Some(json!({"allowOut": ["pypi.org"], "denyOut": ["0.0.0.0/0"]})),
+    );
+    assert_eq!(refused.status, 409, "{}", refused.text());
     // Bad values and bodies: 400.
     assert_error(
         &e2b(

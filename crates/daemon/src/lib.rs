@@ -65,6 +65,9 @@ pub struct Config {
     /// egress (tests and air-gapped setups); empty means the host's
     /// `/etc/resolv.conf`.
     pub egress_hosts: Vec<String>,
+    /// Whether an e2b create that leaves internet access on (the SDKs'
+    /// default) gets mode `open`; otherwise it gets `none`.
+    pub e2b_internet: bool,
 }
 
 /// What the machine can give one sandbox at most.
@@ -108,6 +111,7 @@ impl Config {
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
             egress_hosts: Vec::new(),
+            e2b_internet: false,
         }
     }
 }

@@ -14,7 +14,8 @@
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` (connect semantics) |
 //! | `POST /sandboxes/{id}/pause` | 501: not supported on the process tier |
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
-//! | fork, snapshots, network, refreshes, logs | 501 after the sandbox is found |
+//! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
+//! | fork, snapshots, refreshes, logs | 501 after the sandbox is found |
 //!
 //! A sandbox that was killed, timed out or died is gone, as on e2b: every
 //! route answers 404 for it. Errors are e2b's `{"code": <status>,
@@ -145,7 +146,7 @@ pub fn router(api: Api) -> Router {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/fork", post(not_served))
         .route("/sandboxes/{id}/snapshots", post(not_served))
-        .route("/sandboxes/{id}/network", axum::routing::put(not_served))
+        .route("/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/sandboxes/{id}/refreshes", post(not_served))
         .route("/sandboxes/{id}/logs", get(not_served))
         .route("/v2/sandboxes/{id}/logs", get(not_served))
@@ -313,6 +314,7 @@ async fn create(
         &native_template,
         config.default_timeout.as_secs(),
         config.max_timeout.as_secs(),
+        config.e2b_internet,
     )?;
     let (spec, _, metadata) = native
         .into_spec(&api.daemon)
@@ -458,6 +460,30 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `PUT /sandboxes/{id}/network` (SandboxNetworkUpdateConfig): replaces the
+/// running sandbox's policy (see `wire::network_input` for the mapping);
+/// 204. A sandbox created without network has no egress path: 409.
+async fn set_network(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode> {
+    let key = key_of(&caller)?;
+    let body: wire::NetworkConfig = body_of(&body)?;
+    live_row(&api, key, &id)?;
+    let input = wire::network_input(
+        body.allow_internet_access,
+        Some(&body),
+        api.daemon.config().e2b_internet,
+    )?;
+    let policy = input.policy().map_err(E2bError::bad_request)?;
+    api.daemon
+        .set_network_policy(key, &id, policy, &request_id.0)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Connect semantics: the running sandbox's `Sandbox`, its lifetime
 /// extended to `timeout` from now if that is later than it was.
 fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<SandboxWire> {
@@ -519,7 +545,6 @@ async fn not_served(
             ),
             "fork" => E2bError::not_supported("forking", ""),
             "snapshots" => E2bError::not_supported("snapshotting", ""),
-            "network" => E2bError::new(StatusCode::NOT_IMPLEMENTED, NO_INTERNET),
             "refreshes" => E2bError::not_supported("refreshing", "; use set_timeout"),
             _ => E2bError::not_supported(
                 "reading sandbox logs",

@@ -40,19 +40,79 @@ const HOST_ALIASES: &[&str] = &[
 /// Largest page of `GET /v2/sandboxes`.
 pub const MAX_PAGE: u32 = 100;
 
-/// The message of a refused request for internet access.
-pub const NO_INTERNET: &str = "internet access is not available on this airlock daemon yet; network policies land with the network issue";
+/// The message of a refused request for an egress proxy or rewrite rules.
+pub const NO_EGRESS_PROXY: &str =
+    "network.egressProxy and network.rules are not available on this airlock daemon";
 
-/// e2b's network settings of a new sandbox (only what we act on).
+/// e2b's network settings of a sandbox (`network` of a create, and the
+/// body of `PUT /sandboxes/{id}/network`, which also carries
+/// `allow_internet_access`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
-    /// Destinations allowed out: refused, there is no egress yet.
+    /// Destinations allowed out (domains, `*.domains`, IPs, CIDRs); they
+    /// win over `denyOut`.
     pub allow_out: Option<Vec<String>>,
-    /// Destinations denied: everything already is.
+    /// Destinations denied (IPs and CIDRs).
     pub deny_out: Option<Vec<String>>,
-    /// An egress proxy: refused, there is no egress yet.
+    /// An egress proxy: not available.
     pub egress_proxy: Option<Value>,
+    /// Per-domain rewrite rules: not available.
+    pub rules: Option<Value>,
+    /// Update bodies only: the same as the create field.
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+/// e2b's egress model onto airlock's policy. In e2b, internet access is on
+/// unless `allow_internet_access` is false; `denyOut` takes destinations
+/// away and `allowOut` gives them back. airlock's policies cannot take
+/// single destinations away from `open`, so:
+///
+/// - everything denied (`allow_internet_access: false`, or `denyOut`
+///   holding `0.0.0.0/0` or `::/0`): mode `allow` with the `allowOut`
+///   rules (`none` when there are none);
+/// - internet on with `allowOut` only: `open` (the rules add nothing);
+/// - internet on and nothing else: `open` when the daemon lets e2b
+///   sandboxes have the internet by default (`serve --e2b-internet open`),
+///   else `none`: airlock denies by default;
+/// - any other `denyOut`: refused (400), saying how to write it.
+pub fn network_input(
+    allow_internet_access: Option<bool>,
+    network: Option<&NetworkConfig>,
+    internet_by_default: bool,
+) -> Result<NetworkInput, E2bError> {
+    let empty = NetworkConfig::default();
+    let network = network.unwrap_or(&empty);
+    if network.egress_proxy.as_ref().is_some_and(|p| !p.is_null())
+        || network.rules.as_ref().is_some_and(|r| !r.is_null())
+    {
+        return Err(E2bError::bad_request(NO_EGRESS_PROXY));
+    }
+    let deny = network.deny_out.as_deref().unwrap_or_default();
+    let deny_all = deny.iter().any(|d| {
+        let d = d.trim();
+        d == "0.0.0.0/0" || d == "::/0"
+    });
+    if !deny_all && !deny.is_empty() {
+        return Err(E2bError::bad_request(
+            "network.denyOut: airlock cannot take single destinations away from open \
+             internet access; deny everything (denyOut [\"0.0.0.0/0\"]) and list what is \
+             allowed in allowOut",
+        ));
+    }
+    let allow = network.allow_out.clone().unwrap_or_default();
+    let internet = allow_internet_access.unwrap_or(true) && !deny_all;
+    let (mode, rules) = match (internet, allow.is_empty()) {
+        (false, true) => ("none", None),
+        (false, false) => ("allow", Some(allow)),
+        (true, _) if internet_by_default || !allow.is_empty() => ("open", None),
+        (true, _) => ("none", None),
+    };
+    Ok(NetworkInput {
+        mode: mode.into(),
+        rules,
+    })
 }
 
 /// `POST /sandboxes` (NewSandbox) and `POST /v2/sandboxes` (NewSandboxV2).
@@ -73,11 +133,8 @@ pub struct NewSandbox {
     pub auto_resume: Option<Value>,
     /// Always true here: every sandbox has an access token.
     pub secure: Option<bool>,
-    /// `false` is what airlock does anyway; `true` is accepted (e2b 2.0
-    /// SDKs send it by default) and the sandbox still has no network.
-    /// Once egress is enforced, `true` maps to mode `open` and
-    /// `network.allowOut` to mode `allow` with those rules; until then both
-    /// would be refused by the spec's validation, so neither is mapped.
+    /// Internet access (the SDKs send `true` by default); see
+    /// [`network_input`] for how it and `network` map onto a policy.
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
     pub network: Option<NetworkConfig>,
@@ -135,6 +192,7 @@ impl NewSandbox {
         native_template: &str,
         default_timeout_s: u64,
         max_timeout_s: u64,
+        internet_by_default: bool,
     ) -> Result<CreateSandbox, E2bError> {
         let timeout_s = match self.timeout {
             None => default_timeout_s,
@@ -165,22 +223,17 @@ impl NewSandbox {
                 "volumeMounts: volumes are not available on this airlock daemon",
             ));
         }
-        if let Some(network) = &self.network {
-            if network.allow_out.as_ref().is_some_and(|a| !a.is_empty())
-                || network.egress_proxy.as_ref().is_some_and(|p| !p.is_null())
-            {
-                return Err(E2bError::bad_request(NO_INTERNET));
-            }
-        }
+        let network = network_input(
+            self.allow_internet_access,
+            self.network.as_ref(),
+            internet_by_default,
+        )?;
         Ok(CreateSandbox {
             template: Some(native_template.to_owned()),
             timeout_s: Some(timeout_s),
             env: self.env_vars.clone(),
             metadata: self.metadata.clone(),
-            network: Some(NetworkInput {
-                mode: "none".into(),
-                rules: None,
-            }),
+            network: Some(network),
             ..CreateSandbox::default()
         })
     }
@@ -663,7 +716,7 @@ mod tests {
             template_choice("mine"),
             TemplateChoice::Registered("mine".into())
         );
-        let native = body.to_native("host", 300, 86_400).unwrap();
+        let native = body.to_native("host", 300, 86_400, false).unwrap();
         assert_eq!(native.template.as_deref(), Some("host"));
         assert_eq!(native.timeout_s, Some(60));
         assert_eq!(native.env.unwrap()["K"], "V");
@@ -675,19 +728,25 @@ mod tests {
             ..NewSandbox::default()
         };
         assert_eq!(
-            default.to_native("host", 300, 86_400).unwrap().timeout_s,
+            default
+                .to_native("host", 300, 86_400, false)
+                .unwrap()
+                .timeout_s,
             Some(300)
         );
 
         let refused = |value: serde_json::Value| {
             let body: NewSandbox = serde_json::from_value(value).unwrap();
-            body.to_native("host", 300, 86_400).unwrap_err()
+            body.to_native("host", 300, 86_400, false).unwrap_err()
         };
-        let e = refused(
-            serde_json::json!({"templateID": "base", "network": {"allowOut": ["1.1.1.1"]}}),
-        );
+        let e =
+            refused(serde_json::json!({"templateID": "base", "network": {"denyOut": ["1.1.1.1"]}}));
         assert_eq!(e.status.as_u16(), 400);
-        assert_eq!(e.message, NO_INTERNET);
+        assert!(e.message.contains("denyOut"), "{}", e.message);
+        let e = refused(
+            serde_json::json!({"templateID": "base", "network": {"egressProxy": {"url": "x"}}}),
+        );
+        assert_eq!(e.message, NO_EGRESS_PROXY);
         assert_eq!(
             refused(serde_json::json!({"templateID": "base", "timeout": 0}))
                 .status
@@ -726,8 +785,74 @@ mod tests {
             "network": {"denyOut": ["0.0.0.0/0"]}
         }))
         .unwrap();
-        assert!(body.to_native("host", 300, 86_400).is_ok());
+        assert!(body.to_native("host", 300, 86_400, false).is_ok());
         assert!(NewSandbox::default().template_name().is_err());
+    }
+
+    #[test]
+    fn e2b_egress_maps_onto_policies() {
+        let mode = |internet: Option<bool>, network: serde_json::Value, default: bool| {
+            let network: NetworkConfig = serde_json::from_value(network).unwrap();
+            let input = network_input(internet, Some(&network), default).unwrap();
+            (input.mode, input.rules)
+        };
+        // Internet on, nothing else: the daemon's default.
+        assert_eq!(
+            mode(Some(true), serde_json::json!({}), false),
+            ("none".into(), None)
+        );
+        assert_eq!(
+            mode(None, serde_json::json!({}), true),
+            ("open".into(), None)
+        );
+        // Off: none, or exactly what allowOut gives back.
+        assert_eq!(
+            mode(Some(false), serde_json::json!({}), true),
+            ("none".into(), None)
+        );
+        assert_eq!(
+            mode(
+                Some(false),
+                serde_json::json!({"allowOut": ["pypi.org"]}),
+                false
+            ),
+            ("allow".into(), Some(vec!["pypi.org".to_owned()]))
+        );
+        // denyOut everything + allowOut: an allowlist.
+        assert_eq!(
+            mode(
+                Some(true),
+                serde_json::json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["1.1.1.1", "*.example.com"]}),
+                false
+            ),
+            (
+                "allow".into(),
+                Some(vec!["1.1.1.1".to_owned(), "*.example.com".to_owned()])
+            )
+        );
+        // allowOut with the internet on adds nothing to open.
+        assert_eq!(
+            mode(
+                Some(true),
+                serde_json::json!({"allowOut": ["pypi.org"]}),
+                false
+            ),
+            ("open".into(), None)
+        );
+        let refused = |network: serde_json::Value| {
+            let network: NetworkConfig = serde_json::from_value(network).unwrap();
+            network_input(Some(true), Some(&network), true).unwrap_err()
+        };
+        assert_eq!(
+            refused(serde_json::json!({"denyOut": ["8.8.8.8/32"]}))
+                .status
+                .as_u16(),
+            400
+        );
+        assert_eq!(
+            refused(serde_json::json!({"rules": {"a.com": []}})).message,
+            NO_EGRESS_PROXY
+        );
     }
 
     #[test]
