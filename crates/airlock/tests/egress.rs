@@ -128,6 +128,9 @@ impl Drop for Internet {
     }
 }
 
+/// Sandboxes with policies of their own, side by side.
+const MANY: usize = 50;
+
 fn create(daemon: &TestDaemon, network: serde_json::Value) -> String {
     let created = daemon.create(json!({ "network": network }));
     created["id"].as_str().unwrap().to_owned()
@@ -145,14 +148,22 @@ fn denials(daemon: &TestDaemon, id: &str) -> Vec<serde_json::Value> {
 #[test]
 fn egress_follows_the_policy() {
     let internet = Internet::start();
-    let daemon = TestDaemon::start(&[
-        "--egress-host",
+    let mut flags: Vec<String> = [
         "site.test=198.51.100.2",
-        "--egress-host",
         "metadata.test=169.254.169.254",
-        "--egress-host",
         "loop.test=127.0.0.1",
-    ]);
+    ]
+    .iter()
+    .flat_map(|h| ["--egress-host".to_owned(), (*h).to_owned()])
+    .collect();
+    for i in 0..MANY {
+        flags.push("--egress-host".into());
+        flags.push(format!("site{i}.test=198.51.100.2"));
+    }
+    flags.push("--max-live".into());
+    flags.push("128".into());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let daemon = TestDaemon::start(&flags);
 
     // An allowlisted name: reachable over HTTP, resolved by the sandbox's
     // resolver; nothing else is.
@@ -296,10 +307,33 @@ except OSError as e:
     );
     assert_eq!(refused.status, 409, "{}", refused.text());
 
+    // Many sandboxes, each with its own allowlist: each reaches its own
+    // name and none of the others'.
+    let many: Vec<String> = (0..MANY)
+        .map(|i| {
+            create(
+                &daemon,
+                json!({"mode": "allow", "rules": [format!("site{i}.test")]}),
+            )
+        })
+        .collect();
+    for (i, sandbox) in many.iter().enumerate() {
+        let other = (i + 1) % MANY;
+        let (out, _) = daemon.sh_out(
+            sandbox,
+            &format!(
+                "curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://site{i}.test:8000/index.html; \
+                 echo; curl -s -m 5 -o /dev/null -w '%{{http_code}}' \
+                 --resolve site{other}.test:8000:198.51.100.2 http://site{other}.test:8000/; echo"
+            ),
+        );
+        assert_eq!(out, "200\n000\n", "sandbox {i}");
+    }
+
     // Teardown leaves nothing: the namespace, its links and its rules go
     // with the sandbox.
     daemon.delete_all();
-    for id in [&id, &by_ip, &open, &none] {
+    for id in [&id, &by_ip, &open, &none].into_iter().chain(many.iter()) {
         assert_sandbox_gone(id);
     }
     drop(internet);
