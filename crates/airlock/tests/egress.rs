@@ -18,6 +18,8 @@ struct Internet {
     netns: String,
     link: String,
     server: Child,
+    /// HTTPS on 198.51.100.2:8443 with a self-signed certificate.
+    tls_server: Child,
     /// A service of the host itself, on its side of the veth
     /// (198.51.100.1:8001): public as addresses go, but the host's own.
     host_service: Child,
@@ -83,6 +85,38 @@ impl Internet {
                 .is_ok_and(|s| s.success())
         });
         assert!(up, "the test internet's server did not start");
+        let ok = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
+            .args(["-subj", "/CN=site.test", "-keyout", "key.pem", "-out", "cert.pem"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl cannot make the test certificate");
+        let tls_server = Command::new("ip")
+            .args(["netns", "exec", &netns, "python3", "-c"])
+            .arg(
+                "import http.server, ssl\n\
+                 server = http.server.HTTPServer(('198.51.100.2', 8443), http.server.SimpleHTTPRequestHandler)\n\
+                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+                 context.load_cert_chain('cert.pem', 'key.pem')\n\
+                 server.socket = context.wrap_socket(server.socket, server_side=True)\n\
+                 server.serve_forever()\n",
+            )
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
+            Command::new("curl")
+                .args(["-sk", "-o", "/dev/null", "-m", "1", "https://198.51.100.2:8443/"])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        assert!(up, "the test internet's TLS server did not start");
         let host_service = Command::new("python3")
             .args(["-m", "http.server", "8001", "--bind", "198.51.100.1"])
             .current_dir(&dir)
@@ -108,6 +142,7 @@ impl Internet {
             netns,
             link,
             server,
+            tls_server,
             host_service,
         }
     }
@@ -119,6 +154,8 @@ impl Drop for Internet {
         let _ = self.server.wait();
         let _ = self.host_service.kill();
         let _ = self.host_service.wait();
+        let _ = self.tls_server.kill();
+        let _ = self.tls_server.wait();
         let _ = Command::new("ip")
             .args(["link", "del", &self.link])
             .status();
@@ -175,6 +212,20 @@ fn egress_follows_the_policy() {
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
     let (out, _) = daemon.sh_out(&id, "getent hosts site.test");
     assert!(out.starts_with("198.51.100.2"), "{out}");
+    // And over TLS, judged by the ClientHello's SNI.
+    let (out, code) = daemon.sh_out(&id, "curl -sk -m 5 https://site.test:8443/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let (_, code) = daemon.sh_out(
+        &id,
+        "curl -sk -m 5 --resolve other.test:8443:198.51.100.2 https://other.test:8443/",
+    );
+    assert_eq!(code, 35, "a TLS connection naming a denied host is cut (curl: 35)");
+    // A CONNECT naming a denied host through an allowed address is refused.
+    let (_, code) = daemon.sh_out(
+        &id,
+        "curl -s -m 5 -p -x http://site.test:8000 http://other.test:8000/",
+    );
+    assert_ne!(code, 0);
     // A name not on the list does not resolve (curl: 6)…
     let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://other.test:8000/");
     assert_eq!(code, 6);
