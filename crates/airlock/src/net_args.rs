@@ -9,8 +9,7 @@ use clap::{Args, ValueEnum};
 pub struct NetArgs {
     /// Network access: `none` (loopback only, the default) or `open` (the
     /// public internet; private, loopback and metadata addresses stay
-    /// unreachable). This build does not enforce egress yet and refuses
-    /// anything but none.
+    /// unreachable).
     #[arg(long, value_enum, value_name = "none|open")]
     pub net: Option<NetMode>,
     /// Allow connections that match RULE (repeatable; implies allow mode,

@@ -63,6 +63,10 @@ pub struct RunArgs {
     mounts: Vec<String>,
     #[command(flatten)]
     net: NetArgs,
+    /// `NAME=IP` the sandbox's egress resolves NAME to instead of asking the
+    /// host's resolver (repeatable; for tests and air-gapped hosts).
+    #[arg(long = "egress-host", value_name = "NAME=IP")]
+    egress_host: Vec<String>,
     /// Open-file limit of every process.
     #[arg(long, default_value_t = airlock_policy::DEFAULT_NOFILE, value_name = "N")]
     nofile: u64,
@@ -156,16 +160,35 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
         ..SandboxSpec::default()
     };
     spec.validate().map_err(|e| e.to_string())?;
-    // `airlock run` hosts no egress path yet (the daemon does): a sandbox
-    // it launched with network would have its connections refused, which
-    // is not what was asked for.
-    if !spec.network.is_none() {
-        return Err(format!(
-            "{}; create the sandbox through the daemon (airlock create --net/--allow) for network access",
-            airlock_policy::SpecError::NetworkNotEnforced
-        ));
-    }
     Ok(spec)
+}
+
+/// Serves the sandbox's egress path from this process (the daemon does it
+/// for sandboxes it creates). Refusals are reported on stderr.
+fn serve_egress(
+    args: &RunArgs,
+    spec: &SandboxSpec,
+    jail: &Jail,
+) -> Result<airlock_egress::Attachment, String> {
+    let resolver: std::sync::Arc<dyn airlock_egress::Resolve> = if args.egress_host.is_empty() {
+        std::sync::Arc::new(airlock_egress::SystemResolver::from_system()?)
+    } else {
+        std::sync::Arc::new(airlock_egress::HostsResolver::parse(&args.egress_host)?)
+    };
+    let events: airlock_egress::Events =
+        std::sync::Arc::new(|event: airlock_egress::EgressEvent| {
+            if !event.allowed {
+                eprintln!(
+                    "airlock: egress refused: {} {}:{} ({})",
+                    event.protocol, event.destination, event.port, event.reason
+                );
+            }
+        });
+    let egress = airlock_egress::Egress::new(resolver, events);
+    let netns = std::path::PathBuf::from(format!("/proc/{}/ns/net", jail.init_pid()));
+    egress
+        .attach(jail.id(), &netns, spec.network.clone())
+        .map_err(|e| error_chain(&e))
 }
 
 pub fn main(args: RunArgs) -> ExitCode {
@@ -178,8 +201,31 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     // Launch before any thread exists: the sandbox init is cloned from us.
+    // With network, the sandbox gets a namespace prepared here (see
+    // `airlock_jail::net`) and this process goes back to the host's to
+    // serve its egress path.
+    let host_namespace = if spec.network.is_none() {
+        None
+    } else {
+        match airlock_jail::net::HostNamespace::current()
+            .and_then(|host| airlock_jail::net::enter_egress_namespace().map(|()| host))
+        {
+            Ok(host) => Some(host),
+            Err(e) => {
+                eprintln!("airlock: error: {}", error_chain(&e));
+                return ExitCode::from(EXIT_INTERNAL);
+            }
+        }
+    };
     let runtime_dir = RuntimeDir::system();
-    let mut jail = match Jail::launch(&spec, &runtime_dir) {
+    let launched = Jail::launch(&spec, &runtime_dir);
+    if let Some(host) = host_namespace {
+        if let Err(e) = host.go_back() {
+            eprintln!("airlock: error: {}", error_chain(&e));
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    }
+    let mut jail = match launched {
         Ok(jail) => jail,
         Err(e) => {
             eprintln!("airlock: error: {}", error_chain(&e));
@@ -201,7 +247,14 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_INTERNAL);
         }
     };
-    let outcome = runtime.block_on(session(&args, &spec, &mut jail));
+    let outcome = runtime.block_on(async {
+        let _egress = if spec.network.is_none() {
+            None
+        } else {
+            Some(serve_egress(&args, &spec, &jail)?)
+        };
+        session(&args, &spec, &mut jail).await
+    });
     let stats = jail.stats();
     let teardown = jail.teardown();
     // A thread may still be blocked reading our stdin (a terminal the

@@ -86,8 +86,17 @@ impl Internet {
         });
         assert!(up, "the test internet's server did not start");
         let ok = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"])
-            .args(["-subj", "/CN=site.test", "-keyout", "key.pem", "-out", "cert.pem"])
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            ])
+            .args([
+                "-subj",
+                "/CN=site.test",
+                "-keyout",
+                "key.pem",
+                "-out",
+                "cert.pem",
+            ])
             .current_dir(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -112,7 +121,14 @@ impl Internet {
             .unwrap();
         let up = TestDaemon::wait_for(Duration::from_secs(10), || {
             Command::new("curl")
-                .args(["-sk", "-o", "/dev/null", "-m", "1", "https://198.51.100.2:8443/"])
+                .args([
+                    "-sk",
+                    "-o",
+                    "/dev/null",
+                    "-m",
+                    "1",
+                    "https://198.51.100.2:8443/",
+                ])
                 .status()
                 .is_ok_and(|s| s.success())
         });
@@ -219,7 +235,10 @@ fn egress_follows_the_policy() {
         &id,
         "curl -sk -m 5 --resolve other.test:8443:198.51.100.2 https://other.test:8443/",
     );
-    assert_eq!(code, 35, "a TLS connection naming a denied host is cut (curl: 35)");
+    assert_eq!(
+        code, 35,
+        "a TLS connection naming a denied host is cut (curl: 35)"
+    );
     // A CONNECT naming a denied host through an allowed address is refused.
     let (_, code) = daemon.sh_out(
         &id,
@@ -387,5 +406,29 @@ except OSError as e:
     for id in [&id, &by_ip, &open, &none].into_iter().chain(many.iter()) {
         assert_sandbox_gone(id);
     }
+
+    // `airlock run` serves the egress path of its one sandbox itself.
+    let out = common::run(&[
+        "--allow",
+        "site.test",
+        "--egress-host",
+        "site.test=198.51.100.2",
+        "--",
+        "sh",
+        "-c",
+        "curl -s -m 5 http://site.test:8000/index.html; \
+         curl -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/; echo rc=$?",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello from site.test\nrc=52\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("egress refused: tcp other.test:8000"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     drop(internet);
 }

@@ -99,6 +99,31 @@ pub fn enter_egress_namespace() -> Result<(), NetError> {
     Ok(())
 }
 
+/// The network namespace a process started in, to go back to after
+/// [`enter_egress_namespace`]: a launcher that serves the egress path
+/// itself (`airlock run`) must make its outgoing connections from the
+/// host's namespace, not from the sandbox's.
+pub struct HostNamespace(std::fs::File);
+
+impl HostNamespace {
+    /// Remembers the calling thread's network namespace.
+    pub fn current() -> Result<HostNamespace, NetError> {
+        std::fs::File::open("/proc/thread-self/ns/net")
+            .map(HostNamespace)
+            .map_err(NetError::Unshare)
+    }
+
+    /// Moves the calling thread (the whole process, if single-threaded)
+    /// back into it.
+    pub fn go_back(self) -> Result<(), NetError> {
+        rustix::thread::move_into_link_name_space(
+            std::os::fd::AsFd::as_fd(&self.0),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .map_err(|e| NetError::Unshare(e.into()))
+    }
+}
+
 fn run(program: &'static str, args: &[&str], input: &str) -> Result<(), NetError> {
     let spawn = |source| NetError::Spawn { program, source };
     let mut child = Command::new(program)
