@@ -213,8 +213,6 @@ pub enum SpecError {
     Cwd(String),
     #[error("a network allowlist may hold at most {MAX_RULES} rules, got {0}")]
     TooManyRules(usize),
-    #[error("this launcher has no egress path: only network mode none is accepted here")]
-    NetworkNotEnforced,
 }
 
 /// `PATH` of every process unless the spec's environment sets another.
