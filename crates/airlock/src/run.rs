@@ -207,9 +207,9 @@ pub fn main(args: RunArgs) -> ExitCode {
     let host_namespace = if spec.network.is_none() {
         None
     } else {
-        match airlock_jail::net::HostNamespace::current()
-            .and_then(|host| airlock_jail::net::enter_egress_namespace().map(|()| host))
-        {
+        match airlock_jail::net::HostNamespace::current().and_then(|host| {
+            airlock_jail::net::enter_egress_namespace().map(|pending| (host, pending))
+        }) {
             Ok(host) => Some(host),
             Err(e) => {
                 eprintln!("airlock: error: {}", error_chain(&e));
@@ -219,9 +219,12 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     let runtime_dir = RuntimeDir::system();
     let launched = Jail::launch(&spec, &runtime_dir);
-    if let Some(host) = host_namespace {
-        if let Err(e) = host.go_back() {
+    if let Some((host, pending)) = host_namespace {
+        if let Err(e) = pending.wait().and_then(|()| host.go_back()) {
             eprintln!("airlock: error: {}", error_chain(&e));
+            if let Ok(mut jail) = launched {
+                let _ = jail.teardown();
+            }
             return ExitCode::from(EXIT_INTERNAL);
         }
     }

@@ -102,17 +102,26 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // daemon (a terminal's ^C, a service manager stopping it) must not take
     // its sandboxes down.
     let _ = rustix::process::setsid();
-    if !spec.network.is_none() {
-        // The sandbox will share this namespace, prepared while this
-        // process is still single-threaded; the daemon serves its egress.
-        if let Err(e) = airlock_jail::net::enter_egress_namespace() {
-            return fail(crate::run::error_chain(&e), false);
+    // With network, the sandbox shares a namespace prepared here while
+    // this process is still single-threaded; the daemon serves its egress.
+    let network_setup = if spec.network.is_none() {
+        None
+    } else {
+        match airlock_jail::net::enter_egress_namespace() {
+            Ok(pending) => Some(pending),
+            Err(e) => return fail(crate::run::error_chain(&e), false),
         }
-    }
+    };
     let mut jail = match Jail::launch_prepared(prepared, &spec, &runtime_dir, args.id.clone()) {
         Ok(jail) => jail,
         Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
     };
+    if let Some(pending) = network_setup {
+        if let Err(e) = pending.wait() {
+            jail.kill();
+            return fail(crate::run::error_chain(&e), false);
+        }
+    }
     let listener = match bind(&args.socket) {
         Ok(listener) => listener,
         Err(e) => {

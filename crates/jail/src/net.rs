@@ -83,20 +83,54 @@ pub enum NetError {
     },
 }
 
-/// Moves this process into a new network namespace and prepares it as the
-/// module doc says. Must run before the sandbox is cloned (which then
-/// shares it) and in a single-threaded process (`unshare` of the network
-/// namespace applies to the calling thread only).
-pub fn enter_egress_namespace() -> Result<(), NetError> {
+/// Moves this process into a new network namespace and starts preparing
+/// it as the module doc says. Must run before the sandbox is cloned (which
+/// then shares it) and in a single-threaded process (`unshare` of the
+/// network namespace applies to the calling thread only).
+///
+/// The two setup programs run while the caller goes on (they only touch
+/// the namespace, and the sandbox's init may start meanwhile: nothing can
+/// leave the namespace before they are done, since its only interfaces
+/// are `lo` and a veth pair with both ends inside); [`PendingSetup::wait`]
+/// must be called before the sandbox is handed out.
+pub fn enter_egress_namespace() -> Result<PendingSetup, NetError> {
     // SAFETY: the hazard `unshare_unsafe` guards against is FILES, which
     // splits the descriptor table between threads; NEWNET only gives this
     // thread (the whole process: the caller is single-threaded) a new
     // network namespace, and every descriptor stays valid.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
         .map_err(|e| NetError::Unshare(e.into()))?;
-    run("ip", &["-batch", "-"], LINKS)?;
-    run("nft", &["-f", "-"], RULES)?;
-    Ok(())
+    let links = start("ip", &["-batch", "-"], LINKS)?;
+    let rules = match start("nft", &["-f", "-"], RULES) {
+        Ok(rules) => rules,
+        Err(e) => {
+            let _ = finish(links);
+            return Err(e);
+        }
+    };
+    Ok(PendingSetup {
+        children: vec![links, rules],
+    })
+}
+
+/// The setup programs of a namespace, still running.
+#[must_use = "the namespace is ready only once `wait` returned Ok"]
+pub struct PendingSetup {
+    children: Vec<(&'static str, std::process::Child)>,
+}
+
+impl PendingSetup {
+    /// Waits for the setup to finish; the first failure, if any.
+    pub fn wait(self) -> Result<(), NetError> {
+        let mut result = Ok(());
+        for child in self.children {
+            let outcome = finish(child);
+            if result.is_ok() {
+                result = outcome;
+            }
+        }
+        result
+    }
 }
 
 /// The network namespace a process started in, to go back to after
@@ -124,7 +158,11 @@ impl HostNamespace {
     }
 }
 
-fn run(program: &'static str, args: &[&str], input: &str) -> Result<(), NetError> {
+fn start(
+    program: &'static str,
+    args: &[&str],
+    input: &str,
+) -> Result<(&'static str, std::process::Child), NetError> {
     let spawn = |source| NetError::Spawn { program, source };
     let mut child = Command::new(program)
         .args(args)
@@ -135,10 +173,17 @@ fn run(program: &'static str, args: &[&str], input: &str) -> Result<(), NetError
         .stderr(Stdio::piped())
         .spawn()
         .map_err(spawn)?;
+    // The input is far below a pipe's capacity: this write does not block.
     if let Some(mut stdin) = child.stdin.take() {
         stdin.write_all(input.as_bytes()).map_err(spawn)?;
     }
-    let out = child.wait_with_output().map_err(spawn)?;
+    Ok((program, child))
+}
+
+fn finish((program, child): (&'static str, std::process::Child)) -> Result<(), NetError> {
+    let out = child
+        .wait_with_output()
+        .map_err(|source| NetError::Spawn { program, source })?;
     if out.status.success() {
         Ok(())
     } else {
