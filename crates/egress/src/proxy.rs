@@ -204,15 +204,107 @@ async fn splice(mut inside: TcpStream, mut upstream: TcpStream, first: Vec<u8>) 
     if !first.is_empty() && upstream.write_all(&first).await.is_err() {
         return;
     }
-    // Large buffers: with tokio's default 8 KiB, a download through the
-    // proxy costs a read and a write per 8 KiB.
-    let _ = tokio::io::copy_bidirectional_with_sizes(
-        &mut inside,
-        &mut upstream,
-        COPY_BUFFER,
-        COPY_BUFFER,
-    )
-    .await;
+    // Zero-copy in the kernel (splice through a pipe) when pipes can be
+    // had; else through large user-space buffers (with tokio's default
+    // 8 KiB, a download costs a read and a write per 8 KiB).
+    let (Ok(down), Ok(up)) = (zero_copy::Pipe::new(), zero_copy::Pipe::new()) else {
+        let _ = tokio::io::copy_bidirectional_with_sizes(
+            &mut inside,
+            &mut upstream,
+            COPY_BUFFER,
+            COPY_BUFFER,
+        )
+        .await;
+        return;
+    };
+    let (inside_read, inside_write) = inside.split();
+    let (upstream_read, upstream_write) = upstream.split();
+    // An error either way (a reset) ends both directions, as
+    // `copy_bidirectional` does.
+    let _ = tokio::try_join!(
+        zero_copy::pump(upstream_read, inside_write, down),
+        zero_copy::pump(inside_read, upstream_write, up),
+    );
+}
+
+/// Moving bytes between two sockets with splice(2).
+mod zero_copy {
+    use std::io;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use tokio::io::{AsyncWriteExt, Interest};
+    use tokio::net::tcp::{ReadHalf, WriteHalf};
+
+    /// Bytes moved per splice call at most.
+    const CHUNK: usize = 1 << 20;
+
+    /// A pipe the bytes of one direction pass through.
+    pub struct Pipe {
+        read: OwnedFd,
+        write: OwnedFd,
+    }
+
+    impl Pipe {
+        pub fn new() -> io::Result<Pipe> {
+            let (read, write) = rustix::pipe::pipe_with(
+                rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+            )?;
+            // A larger pipe moves more per call; the default 64 KiB still
+            // works if the kernel refuses.
+            let _ = rustix::pipe::fcntl_setpipe_size(&write, CHUNK);
+            Ok(Pipe { read, write })
+        }
+    }
+
+    fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
+        // SAFETY: both descriptors are open for the whole call (their owners
+        // are borrowed by the caller), null offsets mean "the current
+        // position" as splice(2) requires for sockets and pipes, and no
+        // memory of ours is read or written.
+        let moved = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
+            )
+        };
+        if moved < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(moved as usize)
+        }
+    }
+
+    /// Moves everything `from` sends to `to`, then shuts `to`'s write side.
+    pub async fn pump(from: ReadHalf<'_>, mut to: WriteHalf<'_>, pipe: Pipe) -> io::Result<()> {
+        let from_socket: &tokio::net::TcpStream = from.as_ref();
+        let to_socket: &tokio::net::TcpStream = to.as_ref();
+        loop {
+            let filled = from_socket
+                .async_io(Interest::READABLE, || {
+                    splice(from_socket.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)
+                })
+                .await?;
+            if filled == 0 {
+                break;
+            }
+            let mut left = filled;
+            while left > 0 {
+                let moved = to_socket
+                    .async_io(Interest::WRITABLE, || {
+                        splice(pipe.read.as_raw_fd(), to_socket.as_raw_fd(), left)
+                    })
+                    .await?;
+                if moved == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                left -= moved;
+            }
+        }
+        to.shutdown().await
+    }
 }
 
 /// Where a redirected connection was going (`SO_ORIGINAL_DST`).
