@@ -276,8 +276,19 @@ print(s.recv(4096).split(b' ')[1].decode())
     assert!(!out.contains("200"), "{out}");
     // Names that resolve into the always-denied set are refused whatever
     // the rules say: cloud metadata (also as a literal rule) and loopback.
-    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://169.254.169.254/");
-    assert_ne!(code, 0);
+    for spelling in [
+        "http://169.254.169.254/",
+        "http://2852039166/",
+        "http://0xa9fea9fe/",
+        "http://0251.0376.0251.0376/",
+        "http://[::ffff:169.254.169.254]/",
+        "http://[fd00:ec2::254]/",
+        "http://127.1:8000/",
+        "http://[::1]:8000/",
+    ] {
+        let (_, code) = daemon.sh_out(&id, &format!("curl -sg -m 5 '{spelling}'"));
+        assert_ne!(code, 0, "{spelling} was reachable");
+    }
     let (out, _) = daemon.sh_out(&id, "getent hosts metadata.test loop.test; echo end");
     assert_eq!(out, "end\n", "always-denied addresses are not handed out");
     let (_, code) = daemon.sh_out(
