@@ -224,20 +224,43 @@ fn egress_follows_the_policy() {
         &daemon,
         json!({"mode": "allow", "rules": ["site.test", "metadata.test", "loop.test", "169.254.169.254"]}),
     );
-    let (out, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    let (out, code) = daemon.sh_out(
+        &id,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
     let (out, _) = daemon.sh_out(&id, "getent hosts site.test");
     assert!(out.starts_with("198.51.100.2"), "{out}");
     // And over TLS, judged by the ClientHello's SNI.
-    let (out, code) = daemon.sh_out(&id, "curl -sk -m 5 https://site.test:8443/index.html");
+    let (out, code) = daemon.sh_out(
+        &id,
+        "curl --noproxy '*' -sk -m 5 https://site.test:8443/index.html",
+    );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
     let (_, code) = daemon.sh_out(
         &id,
-        "curl -sk -m 5 --resolve other.test:8443:198.51.100.2 https://other.test:8443/",
+        "curl --noproxy '*' -sk -m 5 --resolve other.test:8443:198.51.100.2 https://other.test:8443/",
     );
     assert_eq!(
         code, 35,
         "a TLS connection naming a denied host is cut (curl: 35)"
+    );
+    // Tools that use the proxy variables get the same enforcement through
+    // the proxy's explicit mode: plain requests, and CONNECT tunnels whose
+    // TLS must name the host they were opened to.
+    let (out, code) = daemon.sh_out(&id, "curl -sf -m 5 http://site.test:8000/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let (out, code) = daemon.sh_out(&id, "curl -sfk -m 5 https://site.test:8443/index.html");
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let (_, code) = daemon.sh_out(&id, "curl -sf -m 5 http://other.test:8000/");
+    assert_eq!(
+        code, 22,
+        "a denied name through the proxy: 403 (curl -f: 22)"
+    );
+    let (_, code) = daemon.sh_out(&id, "curl -sfk -m 5 https://other.test:8443/");
+    assert_eq!(
+        code, 22,
+        "CONNECT to a denied name: 403 from the proxy (curl -f: 22)"
     );
     // A CONNECT naming a denied host through an allowed address is refused.
     let (_, code) = daemon.sh_out(
@@ -246,17 +269,17 @@ fn egress_follows_the_policy() {
     );
     assert_ne!(code, 0);
     // A name not on the list does not resolve (curl: 6)…
-    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://other.test:8000/");
+    let (_, code) = daemon.sh_out(&id, "curl --noproxy '*' -s -m 5 http://other.test:8000/");
     assert_eq!(code, 6);
     // …and naming it in Host while going to an allowed address is refused
     // by the proxy (curl: 52, empty reply).
     let (_, code) = daemon.sh_out(
         &id,
-        "curl -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/",
+        "curl --noproxy '*' -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/",
     );
     assert_eq!(code, 52);
     // The allowed host's address without its name is refused.
-    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://198.51.100.2:8000/");
+    let (_, code) = daemon.sh_out(&id, "curl --noproxy '*' -s -m 5 http://198.51.100.2:8000/");
     assert_eq!(code, 52);
     // A tool that ignores proxy settings and speaks raw TCP is intercepted
     // all the same: allowed with the right Host, refused with another.
@@ -286,14 +309,14 @@ print(s.recv(4096).split(b' ')[1].decode())
         "http://127.1:8000/",
         "http://[::1]:8000/",
     ] {
-        let (_, code) = daemon.sh_out(&id, &format!("curl -sg -m 5 '{spelling}'"));
+        let (_, code) = daemon.sh_out(&id, &format!("curl --noproxy '*' -sg -m 5 '{spelling}'"));
         assert_ne!(code, 0, "{spelling} was reachable");
     }
     let (out, _) = daemon.sh_out(&id, "getent hosts metadata.test loop.test; echo end");
     assert_eq!(out, "end\n", "always-denied addresses are not handed out");
     let (_, code) = daemon.sh_out(
         &id,
-        "curl -s -m 5 --resolve metadata.test:80:169.254.169.254 http://metadata.test/",
+        "curl --noproxy '*' -s -m 5 --resolve metadata.test:80:169.254.169.254 http://metadata.test/",
     );
     assert_ne!(code, 0);
     // UDP other than DNS and ICMP do not leave.
@@ -334,7 +357,10 @@ except OSError as e:
         Some(json!({"mode": "allow", "rules": ["other.test"]})),
     );
     assert_eq!(replaced.status, 200, "{}", replaced.text());
-    let (_, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    let (_, code) = daemon.sh_out(
+        &id,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
     assert_eq!(code, 6, "site.test no longer resolves");
     let back = daemon.call(
         "PUT",
@@ -342,7 +368,10 @@ except OSError as e:
         Some(json!({"mode": "allow", "rules": ["site.test"]})),
     );
     assert_eq!(back.status, 200);
-    let (out, code) = daemon.sh_out(&id, "curl -s -m 5 http://site.test:8000/index.html");
+    let (out, code) = daemon.sh_out(
+        &id,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
     let bad = daemon.call(
         "PUT",
@@ -356,17 +385,26 @@ except OSError as e:
         &daemon,
         json!({"mode": "allow", "rules": ["198.51.100.2:8000"]}),
     );
-    let (out, code) = daemon.sh_out(&by_ip, "curl -s -m 5 http://198.51.100.2:8000/index.html");
+    let (out, code) = daemon.sh_out(
+        &by_ip,
+        "curl --noproxy '*' -s -m 5 http://198.51.100.2:8000/index.html",
+    );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
 
     // `open` reaches the public address but never the always-denied set.
     let open = create(&daemon, json!({"mode": "open"}));
-    let (out, code) = daemon.sh_out(&open, "curl -s -m 5 http://site.test:8000/index.html");
+    let (out, code) = daemon.sh_out(
+        &open,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
-    let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://169.254.169.254/");
+    let (_, code) = daemon.sh_out(&open, "curl --noproxy '*' -s -m 5 http://169.254.169.254/");
     assert_ne!(code, 0);
     // Nor the host's own addresses, public or not.
-    let (_, code) = daemon.sh_out(&open, "curl -s -m 5 http://198.51.100.1:8001/");
+    let (_, code) = daemon.sh_out(
+        &open,
+        "curl --noproxy '*' -s -m 5 http://198.51.100.1:8001/",
+    );
     assert_ne!(code, 0, "a host service is reachable from an open sandbox");
     assert!(
         denials(&daemon, &open)
@@ -379,7 +417,10 @@ except OSError as e:
     // `none` (the default) has loopback only, and no egress path to give a
     // policy to later.
     let none = create(&daemon, json!({"mode": "none"}));
-    let (_, code) = daemon.sh_out(&none, "curl -s -m 5 http://198.51.100.2:8000/");
+    let (_, code) = daemon.sh_out(
+        &none,
+        "curl --noproxy '*' -s -m 5 http://198.51.100.2:8000/",
+    );
     assert_ne!(code, 0);
     let refused = daemon.call(
         "PUT",
@@ -403,8 +444,8 @@ except OSError as e:
         let (out, _) = daemon.sh_out(
             sandbox,
             &format!(
-                "curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://site{i}.test:8000/index.html; \
-                 echo; curl -s -m 5 -o /dev/null -w '%{{http_code}}' \
+                "curl --noproxy '*' -s -m 5 -o /dev/null -w '%{{http_code}}' http://site{i}.test:8000/index.html; \
+                 echo; curl --noproxy '*' -s -m 5 -o /dev/null -w '%{{http_code}}' \
                  --resolve site{other}.test:8000:198.51.100.2 http://site{other}.test:8000/; echo"
             ),
         );
@@ -427,8 +468,8 @@ except OSError as e:
         "--",
         "sh",
         "-c",
-        "curl -s -m 5 http://site.test:8000/index.html; \
-         curl -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/; echo rc=$?",
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html; \
+         curl --noproxy '*' -s -m 5 --resolve other.test:8000:198.51.100.2 http://other.test:8000/; echo rc=$?",
     ]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),

@@ -32,17 +32,16 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
 
 async fn handle(mut inside: TcpStream, shared: &Shared) {
     let _ = inside.set_nodelay(true);
-    let Some(original) = original_destination(&inside) else {
+    let local = inside.local_addr().ok();
+    let original = original_destination(&inside);
+    // A connection made to the proxy itself was not redirected: a tool
+    // using it as its HTTP(S)_PROXY.
+    let Some(original) = original.filter(|o| Some(*o) != local) else {
+        explicit(inside, shared).await;
         return;
     };
-    let local = inside.local_addr().ok();
     let policy = shared.policy();
     let port = original.port();
-    // A connection made to the proxy itself was not redirected: it is a
-    // connection to the sandbox's own loopback, never a way out.
-    if Some(original) == local {
-        return;
-    }
     let unnamed = host_guard(
         original.ip(),
         policy.decide(&Destination {
@@ -78,62 +77,13 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
             return;
         }
     };
-    let candidates: Vec<IpAddr> = match &host {
-        // A literal is judged against where the connection goes.
-        Host::Ip(_) => vec![original.ip()],
-        Host::Name(name) => {
-            if !policy.allows_name(name.as_str()) {
-                let decision = policy.decide(&Destination {
-                    host: Some(host.clone()),
-                    ip: original.ip(),
-                    port,
-                });
-                report(shared, name.as_str(), port, &decision);
-                return;
-            }
-            match shared.resolver.lookup(name.as_str()).await {
-                Ok(ips) => ips,
-                Err(e) => {
-                    tracing::debug!("egress: {e}");
-                    shared.report(EgressEvent {
-                        sandbox: shared.sandbox.clone(),
-                        protocol: "tcp",
-                        destination: name.as_str().to_owned(),
-                        port,
-                        allowed: false,
-                        reason: "unresolvable",
-                        rule: None,
-                    });
-                    return;
-                }
-            }
-        }
-    };
-    let label = match &host {
-        Host::Name(name) => name.as_str().to_owned(),
-        Host::Ip(ip) => ip.to_string(),
-    };
-    let mut last = None;
-    for ip in candidates {
-        let decision = host_guard(
-            ip,
-            policy.decide(&Destination {
-                host: Some(host.clone()),
-                ip,
-                port,
-            }),
-        );
-        if decision.is_allowed() {
-            if let Some(upstream) = connect(SocketAddr::new(ip, port)).await {
-                report(shared, &label, port, &decision);
-                splice(inside, upstream, first).await;
-                return;
-            }
-        }
-        last = Some(decision);
-    }
-    if let Some(decision) = last.filter(|d| !d.is_allowed()) {
+    // A literal is judged against where the connection goes; a name is
+    // resolved on the host and connected where it resolves.
+    if let Some((upstream, decision, label)) =
+        judge_and_connect(shared, &host, Some(original.ip()), port).await
+    {
         report(shared, &label, port, &decision);
+        splice(inside, upstream, first).await;
     }
 }
 
@@ -166,29 +116,231 @@ fn report(shared: &Shared, destination: &str, port: u16, decision: &Decision) {
     });
 }
 
-/// Reads the connection's first bytes until they name a host (or cannot).
-async fn sniff(inside: &mut TcpStream) -> (Option<String>, Vec<u8>) {
-    let mut first = Vec::with_capacity(2048);
-    let read = tokio::time::timeout(SNIFF_TIMEOUT, async {
+/// A request to the proxy as an HTTP proxy: `CONNECT host:port` (answered
+/// `200` and then spliced; the TLS ClientHello that follows must name the
+/// same host) or an absolute-form request (`GET http://host/…`, passed on
+/// as it is). The host is judged exactly as a transparent connection's
+/// name is.
+async fn explicit(mut inside: TcpStream, shared: &Shared) {
+    const FORBIDDEN: &[u8] =
+        b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    const BAD: &[u8] =
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    let mut first = Vec::new();
+    let sniffed = read_until(&mut inside, &mut first, |bytes| match http_host(bytes) {
+        Sniffed::NeedMore => None,
+        other => Some(other),
+    })
+    .await;
+    let Some(Sniffed::Name { host: raw, port }) = sniffed else {
+        let _ = inside.write_all(BAD).await;
+        return;
+    };
+    let tunnel = first.starts_with(b"CONNECT ");
+    let port = port.unwrap_or(80);
+    let Ok(host) = canonical_host(&raw) else {
+        let _ = inside.write_all(BAD).await;
+        return;
+    };
+    let Some((upstream, decision, label)) = judge_and_connect(shared, &host, None, port).await
+    else {
+        let _ = inside.write_all(FORBIDDEN).await;
+        return;
+    };
+    report(shared, &label, port, &decision);
+    if !tunnel {
+        splice(inside, upstream, origin_form(first)).await;
+        return;
+    }
+    let head_end = first
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(first.len(), |at| at + 4);
+    let mut rest = first.split_off(head_end);
+    if inside
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    // The tunnel must carry TLS for the host it was opened to.
+    let hello = read_until(&mut inside, &mut rest, |bytes| match tls_sni(bytes) {
+        Sniffed::NeedMore => None,
+        other => Some(other),
+    })
+    .await;
+    if let Some(Sniffed::Name { host: sni, .. }) = hello {
+        if canonical_host(&sni).ok().as_ref() != Some(&host) {
+            shared.report(EgressEvent {
+                sandbox: shared.sandbox.clone(),
+                protocol: "tcp",
+                destination: sni.chars().take(256).collect(),
+                port,
+                allowed: false,
+                reason: "sni_mismatch",
+                rule: None,
+            });
+            return;
+        }
+    }
+    splice(inside, upstream, rest).await;
+}
+
+/// The request with its absolute-form target (`GET http://host/path`)
+/// rewritten to origin form (`GET /path`), as a proxy passes a request on
+/// to the origin server (RFC 9112, 3.2.1; many servers answer 404
+/// otherwise). The `Host` header, already checked to agree, stays.
+fn origin_form(mut request: Vec<u8>) -> Vec<u8> {
+    let Some(line_end) = request.windows(2).position(|w| w == b"\r\n") else {
+        return request;
+    };
+    let line = &request[..line_end];
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return request;
+    };
+    let Some(rest) = target
+        .strip_prefix(b"http://")
+        .or_else(|| target.strip_prefix(b"HTTP://"))
+    else {
+        return request;
+    };
+    let path: &[u8] = match rest.iter().position(|&b| b == b'/' || b == b'?') {
+        Some(at) if rest[at] == b'/' => &rest[at..],
+        Some(at) => &[b"/".as_slice(), &rest[at..]].concat(),
+        None => b"/",
+    };
+    let mut rewritten = Vec::with_capacity(request.len());
+    rewritten.extend_from_slice(method);
+    rewritten.push(b' ');
+    rewritten.extend_from_slice(path);
+    rewritten.push(b' ');
+    rewritten.extend_from_slice(version);
+    rewritten.extend_from_slice(&request.split_off(line_end));
+    rewritten
+}
+
+/// Resolves (for a name) and judges `host`, and connects to the first
+/// address the policy allows. Refusals are reported here.
+async fn judge_and_connect(
+    shared: &Shared,
+    host: &Host,
+    original: Option<IpAddr>,
+    port: u16,
+) -> Option<(TcpStream, Decision, String)> {
+    let policy = shared.policy();
+    let label = match host {
+        Host::Name(name) => name.as_str().to_owned(),
+        Host::Ip(ip) => ip.to_string(),
+    };
+    let candidates = match host {
+        Host::Ip(ip) => vec![original.unwrap_or(*ip)],
+        Host::Name(name) => {
+            if !policy.allows_name(name.as_str()) {
+                let decision = match original {
+                    Some(ip) => policy.decide(&Destination {
+                        host: Some(host.clone()),
+                        ip,
+                        port,
+                    }),
+                    None => Decision::Deny {
+                        reason: if policy.is_none() {
+                            airlock_policy::DenyReason::PolicyNone
+                        } else {
+                            airlock_policy::DenyReason::NotAllowlisted
+                        },
+                        rule: None,
+                    },
+                };
+                report(shared, &label, port, &decision);
+                return None;
+            }
+            match shared.resolver.lookup(name.as_str()).await {
+                Ok(ips) => ips,
+                Err(e) => {
+                    tracing::debug!("egress: {e}");
+                    shared.report(EgressEvent {
+                        sandbox: shared.sandbox.clone(),
+                        protocol: "tcp",
+                        destination: label,
+                        port,
+                        allowed: false,
+                        reason: "unresolvable",
+                        rule: None,
+                    });
+                    return None;
+                }
+            }
+        }
+    };
+    let mut last = None;
+    for ip in candidates {
+        let decision = host_guard(
+            ip,
+            policy.decide(&Destination {
+                host: Some(host.clone()),
+                ip,
+                port,
+            }),
+        );
+        if decision.is_allowed() {
+            if let Some(upstream) = connect(SocketAddr::new(ip, port)).await {
+                return Some((upstream, decision, label));
+            }
+        }
+        last = Some(decision);
+    }
+    if let Some(decision) = last.filter(|d| !d.is_allowed()) {
+        report(shared, &label, port, &decision);
+    }
+    None
+}
+
+/// Reads into `buffer` until `done` says what the bytes are (or the
+/// connection ends, the time is up or the bound is reached).
+async fn read_until<T>(
+    inside: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+    done: impl Fn(&[u8]) -> Option<T>,
+) -> Option<T> {
+    tokio::time::timeout(SNIFF_TIMEOUT, async {
         loop {
-            let mut buf = [0u8; 4096];
-            let n = inside.read(&mut buf).await.ok()?;
+            if !buffer.is_empty() {
+                if let Some(answer) = done(buffer) {
+                    return Some(answer);
+                }
+            }
+            if buffer.len() >= MAX_SNIFF_BYTES {
+                return None;
+            }
+            let mut chunk = [0u8; 4096];
+            let n = inside.read(&mut chunk).await.ok()?;
             if n == 0 {
                 return None;
             }
-            first.extend_from_slice(&buf[..n]);
-            match (tls_sni(&first), http_host(&first)) {
-                (Sniffed::Name { host, .. }, _) | (_, Sniffed::Name { host, .. }) => {
-                    return Some(host)
-                }
-                (Sniffed::NeedMore, _) | (_, Sniffed::NeedMore)
-                    if first.len() < MAX_SNIFF_BYTES => {}
-                _ => return None,
-            }
+            buffer.extend_from_slice(&chunk[..n]);
         }
     })
-    .await;
-    (read.ok().flatten(), first)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Reads the connection's first bytes until they name a host (or cannot).
+async fn sniff(inside: &mut TcpStream) -> (Option<String>, Vec<u8>) {
+    let mut first = Vec::with_capacity(2048);
+    let named = read_until(inside, &mut first, |bytes| {
+        match (tls_sni(bytes), http_host(bytes)) {
+            (Sniffed::Name { host, .. }, _) | (_, Sniffed::Name { host, .. }) => Some(Some(host)),
+            (Sniffed::NeedMore, _) | (_, Sniffed::NeedMore) => None,
+            _ => Some(None),
+        }
+    })
+    .await
+    .flatten();
+    (named, first)
 }
 
 async fn connect(to: SocketAddr) -> Option<TcpStream> {
@@ -360,4 +512,35 @@ fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
 /// a sandbox needs the egress path at all).
 pub fn needs_egress(policy: &NetworkPolicy) -> bool {
     !policy.is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::origin_form;
+
+    #[test]
+    fn absolute_form_requests_reach_the_origin_in_origin_form() {
+        let cases: [(&[u8], &[u8]); 5] = [
+            (
+                b"GET http://site.test:8000/a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
+                b"GET /a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
+            ),
+            (
+                b"GET http://site.test HTTP/1.1\r\n\r\n",
+                b"GET / HTTP/1.1\r\n\r\n",
+            ),
+            (
+                b"GET http://site.test?q HTTP/1.1\r\n\r\n",
+                b"GET /?q HTTP/1.1\r\n\r\n",
+            ),
+            (
+                b"GET /already HTTP/1.1\r\n\r\n",
+                b"GET /already HTTP/1.1\r\n\r\n",
+            ),
+            (b"garbage", b"garbage"),
+        ];
+        for (given, wanted) in cases {
+            assert_eq!(origin_form(given.to_vec()), wanted.to_vec());
+        }
+    }
 }

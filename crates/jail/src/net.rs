@@ -29,8 +29,9 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-/// Port of the transparent TCP proxy on the namespace's loopback.
-pub const PROXY_PORT: u16 = 15001;
+/// Port of the transparent TCP proxy on the namespace's loopback (the
+/// rules below name it literally; a test checks they agree).
+pub const PROXY_PORT: u16 = airlock_policy::network::PROXY_PORT;
 /// Port of the resolver on `127.0.0.1` inside the namespace.
 pub const DNS_PORT: u16 = 53;
 
@@ -191,5 +192,17 @@ fn finish((program, child): (&'static str, std::process::Child)) -> Result<(), N
             program,
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rules_redirect_to_the_ports_the_listeners_use() {
+        assert!(RULES.contains(&format!("redirect to :{PROXY_PORT}")));
+        assert!(RULES.contains(&format!("udp dport 53 redirect to :{DNS_PORT}")));
+        assert!(RULES.contains("policy drop"));
     }
 }

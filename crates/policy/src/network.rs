@@ -40,6 +40,10 @@ mod name;
 mod ranges;
 mod rule;
 
+/// Port of the egress proxy on a sandbox's loopback (transparent for
+/// redirected connections, an HTTP proxy for tools that connect to it).
+pub const PROXY_PORT: u16 = 15001;
+
 pub use name::{canonical_host, inet_aton, DomainName, Host, HostError, NameError};
 pub use ranges::{always_denied, embedded_v4, DeniedRange};
 pub use rule::{Cidr, Rule, RuleError, RuleTarget};

@@ -220,8 +220,10 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 
 impl SandboxSpec {
     /// The whole environment of a process run as `user`: a small login-like
-    /// base (PATH, HOME, USER, LOGNAME, SHELL, LANG) overlaid with the
-    /// spec's `env`. Nothing comes from the host.
+    /// base (PATH, HOME, USER, LOGNAME, SHELL, LANG; with network, the
+    /// proxy variables naming the egress proxy, for tools that prefer an
+    /// explicit proxy — the same enforcement as without them) overlaid with
+    /// the spec's `env`. Nothing comes from the host.
     pub fn process_env(&self, user: RunAs) -> BTreeMap<String, String> {
         let (home, name) = match user {
             RunAs::User => ("/home/user", "user"),
@@ -235,6 +237,15 @@ impl SandboxSpec {
             ("SHELL".to_owned(), "/bin/bash".to_owned()),
             ("LANG".to_owned(), "C.UTF-8".to_owned()),
         ]);
+        if !self.network.is_none() {
+            let proxy = format!("http://127.0.0.1:{}", crate::network::PROXY_PORT);
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.insert(name.to_owned(), proxy.clone());
+            }
+            for name in ["NO_PROXY", "no_proxy"] {
+                env.insert(name.to_owned(), "localhost,127.0.0.1,::1".to_owned());
+            }
+        }
         env.extend(self.env.clone());
         env
     }
