@@ -221,3 +221,23 @@ def test_gzip_upload(sandbox):
         sandbox.files.write("/home/user/sdk-packed.txt", "x" * 100_000, gzip=True)
         assert sandbox.files.read("/home/user/sdk-packed.txt") == "x" * 100_000
         assert sandbox.files.read("/home/user/sdk-packed.txt", gzip=True) == "x" * 100_000
+
+
+def test_signed_urls_work_with_nothing_but_the_url(sandbox):
+    """A signed URL handed to a browser or curl carries no e2b headers: the
+    signature alone must open it (and only it)."""
+    sandbox.files.write("/home/user/bare.txt", "from a bare URL")
+    url = sandbox.download_url("/home/user/bare.txt")
+    with urllib.request.urlopen(urllib.request.Request(url), timeout=30) as response:
+        assert response.read() == b"from a bare URL"
+    bad = url.replace("signature=", "signature=x")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(urllib.request.Request(bad), timeout=30)
+    assert raised.value.code in (401, 403, 404)
+    # Uploads too.
+    url = sandbox.upload_url("/home/user/bare-up.txt")
+    request = urllib.request.Request(url, data=b"bare upload", method="POST")
+    request.add_header("Content-Type", "application/octet-stream")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    assert sandbox.files.read("/home/user/bare-up.txt") == "bare upload"

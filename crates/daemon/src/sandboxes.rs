@@ -605,6 +605,25 @@ impl Daemon {
         Ok(())
     }
 
+    /// Ids of the running sandboxes.
+    pub fn running_ids(&self) -> Vec<String> {
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.state() == State::Running)
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
+    /// The access token `id` has if it was derived from this daemon's
+    /// token key (no store lookup: for matching signatures, where a
+    /// sandbox with another token simply does not match).
+    pub fn derived_access_token(&self, id: &str) -> String {
+        self.inner.token_key.token_for(id)
+    }
+
     /// The traffic token of `id` (see [`crate::tokens::TokenKey::traffic_token_for`]).
     pub fn traffic_token(&self, id: &str) -> String {
         self.inner.token_key.traffic_token_for(id)

@@ -56,6 +56,7 @@ pub struct Routers {
     control: Router,
     sandbox: Router,
     daemon: airlock_daemon::Daemon,
+    api: Api,
 }
 
 impl Routers {
@@ -63,7 +64,8 @@ impl Routers {
         Routers {
             control: control::router(api.clone()),
             sandbox: sandbox::router(api.clone()),
-            daemon: api.daemon,
+            daemon: api.daemon.clone(),
+            api,
         }
     }
 }
@@ -91,6 +93,15 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
             .and_then(|v| v.to_str().ok())
             .and_then(|token| routers.daemon.sandbox_with_token(token))
             .and_then(|id| axum::http::HeaderValue::from_str(&id).ok());
+        // A signed `/files` URL fetched with nothing but the URL: the
+        // sandbox whose token signed it.
+        let sandbox = sandbox.or_else(|| {
+            if request.uri().path() != "/files" || !sandbox::files_signed(request.uri()) {
+                return None;
+            }
+            sandbox::files_signer(&routers.api, request.uri(), request.method())
+                .and_then(|id| axum::http::HeaderValue::from_str(&id).ok())
+        });
         if let Some(id) = sandbox {
             request.headers_mut().insert(SANDBOX_ID_HEADER, id);
         }

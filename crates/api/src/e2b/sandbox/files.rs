@@ -88,6 +88,36 @@ pub fn is_signed(uri: &Uri) -> bool {
         .is_some_and(|q| q.split('&').any(|p| p.starts_with("signature=")))
 }
 
+/// The running sandbox whose access token signed this `/files` URL, for a
+/// signed URL fetched without `E2b-Sandbox-Id` (a browser, `curl`: the
+/// URL alone must work, as e2b's do). Every running sandbox is tried, so
+/// this is for header-less signed requests only.
+pub fn signer(api: &Api, uri: &Uri, method: &axum::http::Method) -> Option<String> {
+    let query = query_of(uri).ok()?;
+    let given = query.signature.as_deref()?;
+    if query
+        .signature_expiration
+        .is_some_and(|at| at < time::OffsetDateTime::now_utc().unix_timestamp())
+    {
+        return None;
+    }
+    let operation = if method == axum::http::Method::GET {
+        "read"
+    } else {
+        "write"
+    };
+    api.daemon.running_ids().into_iter().find(|id| {
+        let expected = signature(
+            query.path.as_deref().unwrap_or(""),
+            operation,
+            query.username.as_deref().unwrap_or(""),
+            &api.daemon.derived_access_token(id),
+            query.signature_expiration,
+        );
+        same(given, &expected)
+    })
+}
+
 /// The signature of a file URL, as the SDKs compute it.
 fn signature(
     path: &str,

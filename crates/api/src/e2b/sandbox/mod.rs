@@ -35,6 +35,8 @@ use base64::Engine;
 use connect::{Code, ConnectError};
 use tower::ServiceExt;
 
+pub use files::{is_signed as files_signed, signer as files_signer};
+
 /// envd's port inside an e2b sandbox.
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port inside an e2b sandbox.
