@@ -74,6 +74,10 @@ pub struct ServeArgs {
     /// With any given, the host's resolver is not used at all.
     #[arg(long = "egress-host", value_name = "NAME=IP")]
     egress_host: Vec<String>,
+    /// The resolver (`IP:PORT`) the sandboxes' egress asks instead of the
+    /// host's `/etc/resolv.conf`.
+    #[arg(long = "egress-dns", value_name = "IP:PORT")]
+    egress_dns: Option<std::net::SocketAddr>,
     /// Network of an e2b sandbox whose create leaves internet access on
     /// (the SDKs' default): `none` (airlock denies by default) or `open`.
     #[arg(long = "e2b-internet", value_name = "none|open", default_value = "none",
@@ -194,6 +198,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_timeout = args.default_timeout;
     config.max_upload_bytes = args.max_upload;
     config.egress_hosts = args.egress_host.clone();
+    config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == "open";
     config.mount_roots = args
         .allow_mount

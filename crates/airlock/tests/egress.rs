@@ -38,7 +38,9 @@ impl Internet {
                 "{tool} is missing: run scripts/deps as root"
             );
         }
-        let tag = std::process::id() % 100_000;
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let tag = (std::process::id() % 10_000) * 10
+            + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let netns = format!("al-inet-{tag}");
         let link = format!("al-in{tag}");
         let peer = format!("al-ip{tag}");

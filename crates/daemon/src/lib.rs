@@ -65,6 +65,9 @@ pub struct Config {
     /// egress (tests and air-gapped setups); empty means the host's
     /// `/etc/resolv.conf`.
     pub egress_hosts: Vec<String>,
+    /// The resolver sandbox egress asks instead of the host's
+    /// `/etc/resolv.conf` (ignored when `egress_hosts` is set).
+    pub egress_dns: Option<std::net::SocketAddr>,
     /// Whether an e2b create that leaves internet access on (the SDKs'
     /// default) gets mode `open`; otherwise it gets `none`.
     pub e2b_internet: bool,
@@ -111,6 +114,7 @@ impl Config {
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
             egress_hosts: Vec::new(),
+            egress_dns: None,
             e2b_internet: false,
         }
     }
@@ -288,17 +292,20 @@ fn egress_path(
     audit: &Audit,
     metrics: &Metrics,
 ) -> Result<airlock_egress::Egress, String> {
-    let resolver: Arc<dyn airlock_egress::Resolve> = if config.egress_hosts.is_empty() {
-        match airlock_egress::SystemResolver::from_system() {
-            Ok(resolver) => Arc::new(resolver),
-            Err(e) => {
-                tracing::warn!("{e}; sandboxes will resolve no names");
-                Arc::new(airlock_egress::HostsResolver::default())
+    let resolver: Arc<dyn airlock_egress::Resolve> =
+        if let (true, Some(server)) = (config.egress_hosts.is_empty(), config.egress_dns) {
+            Arc::new(airlock_egress::SystemResolver::with_nameserver(server))
+        } else if config.egress_hosts.is_empty() {
+            match airlock_egress::SystemResolver::from_system() {
+                Ok(resolver) => Arc::new(resolver),
+                Err(e) => {
+                    tracing::warn!("{e}; sandboxes will resolve no names");
+                    Arc::new(airlock_egress::HostsResolver::default())
+                }
             }
-        }
-    } else {
-        Arc::new(airlock_egress::HostsResolver::parse(&config.egress_hosts)?)
-    };
+        } else {
+            Arc::new(airlock_egress::HostsResolver::parse(&config.egress_hosts)?)
+        };
     let audit = audit.clone();
     let counters = metrics.egress.clone();
     let events: airlock_egress::Events = Arc::new(move |event: airlock_egress::EgressEvent| {

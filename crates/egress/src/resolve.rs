@@ -45,6 +45,32 @@ impl SystemResolver {
     }
 }
 
+impl SystemResolver {
+    /// A resolver that asks only `server` (UDP, then TCP), with the host's
+    /// other options; for hosts whose sandboxes must use a resolver of
+    /// their own, and for tests.
+    pub fn with_nameserver(server: std::net::SocketAddr) -> SystemResolver {
+        let config = hickory_resolver::config::ResolverConfig::from_parts(
+            None,
+            Vec::new(),
+            hickory_resolver::config::NameServerConfigGroup::from_ips_clear(
+                &[server.ip()],
+                server.port(),
+                true,
+            ),
+        );
+        let mut options = hickory_resolver::config::ResolverOpts::default();
+        options.ndots = 0;
+        let resolver = hickory_resolver::TokioResolver::builder_with_config(
+            config,
+            hickory_resolver::name_server::TokioConnectionProvider::default(),
+        )
+        .with_options(options)
+        .build();
+        SystemResolver { resolver }
+    }
+}
+
 impl Resolve for SystemResolver {
     fn lookup<'a>(&'a self, name: &'a str) -> Lookup<'a> {
         Box::pin(async move {
