@@ -27,6 +27,7 @@ const PYTHON_SUITES: &[&str] = &[
     "test_async.py",
     "test_code_interpreter.py",
     "test_pty.py",
+    "test_network.py",
 ];
 
 /// The `node --test` files of `tests/e2b-js/` that run.
@@ -54,8 +55,9 @@ const VENVS: &[Venv] = &[
         name: "e2b 2.7.0 (oldest 2.x honouring E2B_SANDBOX_URL)",
         path: "/opt/airlock/e2b-oldest",
         // No e2b-code-interpreter release that works with e2b 2.7.0 honours
-        // E2B_SANDBOX_URL (see scripts/deps).
-        skip: &["test_code_interpreter.py"],
+        // E2B_SANDBOX_URL (see scripts/deps); e2b 2.7.0 has no `network`
+        // option and no `update_network`.
+        skip: &["test_code_interpreter.py", "test_network.py"],
     },
 ];
 
