@@ -374,26 +374,9 @@ impl Daemon {
             return self.stop_unconnected(id, reason).await;
         };
         let _teardown = sandbox.teardown.lock().await;
-        let state = sandbox.state();
-        if state.is_dead() {
+        let Some(reason) = self.mark_stopping(&sandbox, reason, request_id)? else {
             return Ok(());
-        }
-        let stopping = match self.transition(id, state, Action::Stop(reason))? {
-            Some(stopping) => stopping,
-            // The row moved under us (a concurrent creator); take what it says.
-            None => State::Stopping(reason),
         };
-        sandbox.set_state(stopping);
-        if reason == DeadReason::Timeout {
-            self.inner.audit.record(
-                Stream::Security,
-                "sandbox.timeout_kill",
-                Some(id),
-                request_id,
-                json!({"timeout_ms": sandbox.spec.timeout_ms}),
-            );
-        }
-        let reason = stopping.reason().unwrap_or(reason);
         self.finish_stop(&sandbox, reason, request_id).await;
         Ok(())
     }
@@ -416,16 +399,10 @@ impl Daemon {
         };
         let reason = {
             let _teardown = sandbox.teardown.lock().await;
-            let state = sandbox.state();
-            if state.is_dead() {
-                return Ok(());
+            match self.mark_stopping(&sandbox, reason, request_id)? {
+                Some(reason) => reason,
+                None => return Ok(()),
             }
-            let stopping = match self.transition(id, state, Action::Stop(reason))? {
-                Some(stopping) => stopping,
-                None => State::Stopping(reason),
-            };
-            sandbox.set_state(stopping);
-            stopping.reason().unwrap_or(reason)
         };
         let daemon = self.clone();
         let request_id = request_id.map(str::to_owned);
@@ -439,6 +416,38 @@ impl Daemon {
             }
         });
         Ok(())
+    }
+
+    /// Records a live sandbox `stopping` for `reason` (the caller holds its
+    /// teardown lock). `None` when it is dead already; else the reason the
+    /// stop carries (a concurrent stop's, if one came first).
+    fn mark_stopping(
+        &self,
+        sandbox: &LiveSandbox,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) -> Result<Option<DeadReason>, DaemonError> {
+        let id = sandbox.id.as_str();
+        let state = sandbox.state();
+        if state.is_dead() {
+            return Ok(None);
+        }
+        let stopping = match self.transition(id, state, Action::Stop(reason))? {
+            Some(stopping) => stopping,
+            // The row moved under us (a concurrent creator); take what it says.
+            None => State::Stopping(reason),
+        };
+        sandbox.set_state(stopping);
+        if reason == DeadReason::Timeout {
+            self.inner.audit.record(
+                Stream::Security,
+                "sandbox.timeout_kill",
+                Some(id),
+                request_id,
+                json!({"timeout_ms": sandbox.spec.timeout_ms}),
+            );
+        }
+        Ok(Some(stopping.reason().unwrap_or(reason)))
     }
 
     /// Teardown and the final transition of a sandbox in `Stopping`.
