@@ -170,11 +170,7 @@ fn serve_egress(
     spec: &SandboxSpec,
     jail: &Jail,
 ) -> Result<airlock_egress::Attachment, String> {
-    let resolver: std::sync::Arc<dyn airlock_egress::Resolve> = if args.egress_host.is_empty() {
-        std::sync::Arc::new(airlock_egress::SystemResolver::from_system()?)
-    } else {
-        std::sync::Arc::new(airlock_egress::HostsResolver::parse(&args.egress_host)?)
-    };
+    let resolver = airlock_egress::resolver(&args.egress_host, None).map_err(|e| e.to_string())?;
     let events: airlock_egress::Events =
         std::sync::Arc::new(|event: airlock_egress::EgressEvent| {
             if !event.allowed {

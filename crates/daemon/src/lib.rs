@@ -292,20 +292,14 @@ fn egress_path(
     audit: &Audit,
     metrics: &Metrics,
 ) -> Result<airlock_egress::Egress, String> {
-    let resolver: Arc<dyn airlock_egress::Resolve> =
-        if let (true, Some(server)) = (config.egress_hosts.is_empty(), config.egress_dns) {
-            Arc::new(airlock_egress::SystemResolver::with_nameserver(server))
-        } else if config.egress_hosts.is_empty() {
-            match airlock_egress::SystemResolver::from_system() {
-                Ok(resolver) => Arc::new(resolver),
-                Err(e) => {
-                    tracing::warn!("{e}; sandboxes will resolve no names");
-                    Arc::new(airlock_egress::HostsResolver::default())
-                }
-            }
-        } else {
-            Arc::new(airlock_egress::HostsResolver::parse(&config.egress_hosts)?)
-        };
+    let resolver = match airlock_egress::resolver(&config.egress_hosts, config.egress_dns) {
+        Ok(resolver) => resolver,
+        Err(airlock_egress::ResolverError::System(e)) => {
+            tracing::warn!("{e}; sandboxes will resolve no names");
+            Arc::new(airlock_egress::HostsResolver::default())
+        }
+        Err(e) => return Err(e.to_string()),
+    };
     let audit = audit.clone();
     let counters = metrics.egress.clone();
     let events: airlock_egress::Events = Arc::new(move |event: airlock_egress::EgressEvent| {
@@ -494,6 +488,16 @@ pub(crate) fn identity(user: airlock_policy::RunAs) -> airlock_protocol::Identit
     match user {
         airlock_policy::RunAs::User => airlock_protocol::Identity::User,
         airlock_policy::RunAs::Root => airlock_protocol::Identity::Root,
+    }
+}
+
+/// The limits the agent applies to every process of a sandbox with
+/// `limits`: a file may grow to the disk quota (plus a page, so the quota
+/// itself is what stops it).
+pub(crate) fn process_limits(limits: &airlock_policy::Limits) -> airlock_protocol::ProcessLimits {
+    airlock_protocol::ProcessLimits {
+        nofile: limits.nofile,
+        fsize_bytes: limits.disk_bytes + 4096,
     }
 }
 

@@ -5,7 +5,7 @@ use crate::exec::{pump, Attached, ProcessHub, ProcessView, ENDED_KEPT};
 use crate::metrics::{ExecOutcome, OutcomeLabel};
 use crate::{closed, identity, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
-use airlock_protocol::{Event, ProcessLimits, PtySize, Request, SpawnRequest};
+use airlock_protocol::{Event, PtySize, Request, SpawnRequest};
 use airlock_store::Stream;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -82,10 +82,7 @@ impl Daemon {
                 pty: request.pty,
                 timeout_ms: request.timeout_ms,
                 output_limit: limits.output_bytes,
-                limits: ProcessLimits {
-                    nofile: limits.nofile,
-                    fsize_bytes: limits.disk_bytes + 4096,
-                },
+                limits: crate::process_limits(limits),
             }))
             .await
             .map_err(closed(id))?;

@@ -63,11 +63,7 @@ pub(crate) async fn answer(query: &Message, shared: &Shared) -> Message {
             destination: name.chars().take(256).collect(),
             port: 53,
             allowed: false,
-            reason: if policy.is_none() {
-                "policy_none"
-            } else {
-                "not_allowlisted"
-            },
+            reason: policy.name_refusal().code(),
             rule: None,
         });
         response.set_response_code(ResponseCode::NXDomain);

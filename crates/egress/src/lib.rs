@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use tokio::task::JoinHandle;
 
-pub use resolve::{HostsResolver, Resolve, SystemResolver};
+pub use resolve::{resolver, HostsResolver, Resolve, ResolverError, SystemResolver};
 
 /// What the egress path reports.
 #[derive(Debug, Clone, PartialEq, Eq)]

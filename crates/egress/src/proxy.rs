@@ -2,7 +2,7 @@
 
 use crate::{EgressEvent, Shared};
 use airlock_egress_parse::{http_host, tls_sni, Sniffed, MAX_SNIFF_BYTES};
-use airlock_policy::{canonical_host, Decision, Destination, Host, NetworkPolicy};
+use airlock_policy::{canonical_host, Decision, Destination, Host};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -246,11 +246,7 @@ async fn judge_and_connect(
                         port,
                     }),
                     None => Decision::Deny {
-                        reason: if policy.is_none() {
-                            airlock_policy::DenyReason::PolicyNone
-                        } else {
-                            airlock_policy::DenyReason::NotAllowlisted
-                        },
+                        reason: policy.name_refusal(),
                         rule: None,
                     },
                 };
@@ -506,12 +502,6 @@ fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
                 .then(|| SocketAddr::from((addr.sin6_addr.s6_addr, u16::from_be(addr.sin6_port))))
         }
     }
-}
-
-/// Whether `policy` could let anything out (for callers deciding whether
-/// a sandbox needs the egress path at all).
-pub fn needs_egress(policy: &NetworkPolicy) -> bool {
-    !policy.is_none()
 }
 
 #[cfg(test)]

@@ -18,6 +18,34 @@ pub trait Resolve: Send + Sync {
     fn lookup<'a>(&'a self, name: &'a str) -> Lookup<'a>;
 }
 
+/// Why no resolver could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolverError {
+    /// A `name=ip` entry is malformed.
+    #[error("{0}")]
+    Hosts(String),
+    /// The host's resolver configuration cannot be read.
+    #[error("{0}")]
+    System(String),
+}
+
+/// The resolver egress uses: the fixed table `hosts` when it has entries,
+/// else the server `dns` when given, else the host's configuration.
+pub fn resolver<S: AsRef<str>>(
+    hosts: &[S],
+    dns: Option<std::net::SocketAddr>,
+) -> Result<std::sync::Arc<dyn Resolve>, ResolverError> {
+    if !hosts.is_empty() {
+        return Ok(std::sync::Arc::new(
+            HostsResolver::parse(hosts).map_err(ResolverError::Hosts)?,
+        ));
+    }
+    Ok(match dns {
+        Some(server) => std::sync::Arc::new(SystemResolver::with_nameserver(server)),
+        None => std::sync::Arc::new(SystemResolver::from_system().map_err(ResolverError::System)?),
+    })
+}
+
 /// The host's resolver configuration (`/etc/resolv.conf`), through hickory.
 pub struct SystemResolver {
     resolver: hickory_resolver::TokioResolver,

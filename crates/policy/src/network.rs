@@ -299,6 +299,16 @@ impl NetworkPolicy {
         }
     }
 
+    /// Why a name [`NetworkPolicy::allows_name`] refuses is refused:
+    /// `policy_none` under `none`, else `not_allowlisted`.
+    pub fn name_refusal(&self) -> DenyReason {
+        if self.is_none() {
+            DenyReason::PolicyNone
+        } else {
+            DenyReason::NotAllowlisted
+        }
+    }
+
     /// How many rules the policy holds (0 unless `allow`).
     pub fn rule_count(&self) -> usize {
         match self {

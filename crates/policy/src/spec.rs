@@ -168,6 +168,24 @@ pub enum RunAs {
     Root,
 }
 
+impl RunAs {
+    /// The identity's home directory inside the sandbox.
+    pub fn home(self) -> &'static str {
+        match self {
+            RunAs::User => "/home/user",
+            RunAs::Root => "/root",
+        }
+    }
+
+    /// The identity's user name inside the sandbox.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunAs::User => "user",
+            RunAs::Root => "root",
+        }
+    }
+}
+
 /// Switches for enforcement layers. Turning one off is named as the danger it is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -225,10 +243,7 @@ impl SandboxSpec {
     /// explicit proxy — the same enforcement as without them) overlaid with
     /// the spec's `env`. Nothing comes from the host.
     pub fn process_env(&self, user: RunAs) -> BTreeMap<String, String> {
-        let (home, name) = match user {
-            RunAs::User => ("/home/user", "user"),
-            RunAs::Root => ("/root", "root"),
-        };
+        let (home, name) = (user.home(), user.name());
         let mut env = BTreeMap::from([
             ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
             ("HOME".to_owned(), home.to_owned()),

@@ -22,7 +22,7 @@ pub mod stream;
 use crate::audit::now_ms;
 use crate::{closed, identity, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
-use airlock_protocol::{Event, Events, ProcessLimits, Request, SpawnRequest};
+use airlock_protocol::{Event, Events, Request, SpawnRequest};
 use airlock_store::Stream;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -376,7 +376,7 @@ impl Daemon {
                 .spec
                 .cwd
                 .clone()
-                .unwrap_or_else(|| home(user).to_owned()),
+                .unwrap_or_else(|| user.home().to_owned()),
         };
         let context_id = new_context_id()?;
         let context = Arc::new(CodeContext {
@@ -446,10 +446,7 @@ impl Daemon {
                 // A kernel lives for many executions; each is bounded by
                 // its client, not by a lifetime cap.
                 output_limit: u64::MAX,
-                limits: ProcessLimits {
-                    nofile: limits.nofile,
-                    fsize_bytes: limits.disk_bytes + 4096,
-                },
+                limits: crate::process_limits(limits),
             }))
             .await
             .map_err(closed(id))?;
@@ -643,13 +640,6 @@ fn missing_interpreter(language: Language, cmd: &str) -> DaemonError {
 
 fn no_context(context: &str) -> DaemonError {
     DaemonError::NotFound(format!("there is no code context {context}"))
-}
-
-fn home(user: RunAs) -> &'static str {
-    match user {
-        RunAs::Root => "/root",
-        RunAs::User => "/home/user",
-    }
 }
 
 /// A fresh context id, shaped like a UUID.

@@ -12,6 +12,7 @@
 use super::{absolute, run_as, Target};
 use crate::error::ApiError;
 use crate::{Api, RequestId};
+use airlock_daemon::tokens::same_secret;
 use airlock_daemon::DaemonError;
 use airlock_policy::RunAs;
 use axum::body::Body;
@@ -114,7 +115,7 @@ pub fn signer(api: &Api, uri: &Uri, method: &axum::http::Method) -> Option<Strin
             &api.daemon.derived_access_token(id),
             query.signature_expiration,
         );
-        same(given, &expected)
+        same_secret(given, &expected)
     })
 }
 
@@ -135,14 +136,6 @@ fn signature(
         "v1_{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
     )
-}
-
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
 }
 
 /// Checks the signature of a request that came without credentials.
@@ -177,7 +170,7 @@ fn check_signature(
         &token,
         query.signature_expiration,
     );
-    if same(given, &expected) {
+    if same_secret(given, &expected) {
         Ok(())
     } else {
         Err(unauthorized())
@@ -710,8 +703,8 @@ mod tests {
         assert_eq!(s, expected);
         assert_ne!(s, signature("/home/user/a.txt", "write", "", "tok", None));
         assert_ne!(s, signature("/home/user/a.txt", "read", "", "tok", Some(1)));
-        assert!(same(&s, &expected));
-        assert!(!same(&s, "v1_"));
+        assert!(same_secret(&s, &expected));
+        assert!(!same_secret(&s, "v1_"));
         assert_eq!(
             multipart_boundary("multipart/form-data; boundary=\"abc\"").as_deref(),
             Some("abc")

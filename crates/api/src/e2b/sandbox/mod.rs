@@ -222,10 +222,7 @@ pub fn basic_user(headers: &HeaderMap) -> Result<Option<RunAs>, ConnectError> {
 
 /// The home directory of `user`, against which relative paths resolve.
 pub fn home(user: Option<RunAs>) -> &'static str {
-    match user {
-        Some(RunAs::Root) => "/root",
-        _ => "/home/user",
-    }
+    user.unwrap_or(RunAs::User).home()
 }
 
 /// `path` made absolute: relative paths are under the user's home.
