@@ -8,6 +8,7 @@
 mod common;
 
 use common::daemon::{assert_sandbox_gone, TestDaemon};
+use common::net::FarNet;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -15,14 +16,14 @@ use std::time::Duration;
 /// The test internet: a namespace with one HTTP server on 198.51.100.2:8000
 /// (TEST-NET-2), joined to the host by a veth pair.
 struct Internet {
-    netns: String,
-    link: String,
     server: Child,
     /// HTTPS on 198.51.100.2:8443 with a self-signed certificate.
     tls_server: Child,
     /// A service of the host itself, on its side of the veth
     /// (198.51.100.1:8001): public as addresses go, but the host's own.
     host_service: Child,
+    /// Dropped after the servers (fields drop after `Drop::drop`).
+    _net: FarNet,
 }
 
 impl Internet {
@@ -38,35 +39,11 @@ impl Internet {
                 "{tool} is missing: run scripts/deps as root"
             );
         }
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let tag = (std::process::id() % 10_000) * 10
-            + NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let netns = format!("al-inet-{tag}");
-        let link = format!("al-in{tag}");
-        let peer = format!("al-ip{tag}");
-        let _ = Command::new("ip").args(["netns", "del", &netns]).status();
-        let _ = Command::new("ip").args(["link", "del", &link]).status();
-        let script = format!(
-            "set -e
-             ip netns add {netns}
-             ip link add {link} type veth peer name {peer}
-             ip link set {peer} netns {netns}
-             ip addr add 198.51.100.1/24 dev {link}
-             ip link set {link} up
-             ip -n {netns} addr add 198.51.100.2/24 dev {peer}
-             ip -n {netns} link set {peer} up
-             ip -n {netns} link set lo up"
-        );
-        let ok = Command::new("sh")
-            .args(["-c", &script])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cannot set up the test internet (root needed)");
+        let net = FarNet::new("in", "198.51.100.1", "198.51.100.2");
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from site.test\n").unwrap();
         let server = Command::new("ip")
-            .args(["netns", "exec", &netns, "python3", "-m", "http.server"])
+            .args(["netns", "exec", &net.netns, "python3", "-m", "http.server"])
             .args(["8000", "--bind", "198.51.100.2"])
             .current_dir(&dir)
             .stdout(Stdio::null())
@@ -107,7 +84,7 @@ impl Internet {
             .success();
         assert!(ok, "openssl cannot make the test certificate");
         let tls_server = Command::new("ip")
-            .args(["netns", "exec", &netns, "python3", "-c"])
+            .args(["netns", "exec", &net.netns, "python3", "-c"])
             .arg(
                 "import http.server, ssl\n\
                  server = http.server.HTTPServer(('198.51.100.2', 8443), http.server.SimpleHTTPRequestHandler)\n\
@@ -157,29 +134,24 @@ impl Internet {
         });
         assert!(up, "the host service did not start");
         Internet {
-            netns,
-            link,
             server,
             tls_server,
             host_service,
+            _net: net,
         }
     }
 }
 
 impl Drop for Internet {
     fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let _ = self.host_service.kill();
-        let _ = self.host_service.wait();
-        let _ = self.tls_server.kill();
-        let _ = self.tls_server.wait();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.link])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .status();
+        for child in [
+            &mut self.server,
+            &mut self.tls_server,
+            &mut self.host_service,
+        ] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

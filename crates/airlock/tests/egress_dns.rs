@@ -8,6 +8,7 @@
 mod common;
 
 use common::daemon::TestDaemon;
+use common::net::FarNet;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -34,42 +35,19 @@ while True:
 "#;
 
 struct Upstream {
-    netns: String,
-    link: String,
     server: Child,
     log: std::path::PathBuf,
+    /// Dropped after the server (fields drop after `Drop::drop`).
+    _net: FarNet,
 }
 
 impl Upstream {
     fn start() -> Upstream {
-        let tag = std::process::id() % 100_000;
-        let netns = format!("al-dns-{tag}");
-        let link = format!("al-dn{tag}");
-        let peer = format!("al-dp{tag}");
-        let script = format!(
-            "set -e
-             ip netns add {netns}
-             ip link add {link} type veth peer name {peer}
-             ip link set {peer} netns {netns}
-             ip addr add 203.0.113.1/24 dev {link}
-             ip link set {link} up
-             ip -n {netns} addr add 203.0.113.2/24 dev {peer}
-             ip -n {netns} link set {peer} up
-             ip -n {netns} link set lo up"
-        );
-        let ok = Command::new("sh")
-            .args(["-c", &script])
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            ok,
-            "cannot set up the test upstream (root, iproute2 needed)"
-        );
+        let net = FarNet::new("dn", "203.0.113.1", "203.0.113.2");
         let log = tempfile::tempdir().unwrap().keep().join("queries.log");
         std::fs::write(&log, "").unwrap();
         let server = Command::new("ip")
-            .args(["netns", "exec", &netns, "python3", "-c", UPSTREAM])
+            .args(["netns", "exec", &net.netns, "python3", "-c", UPSTREAM])
             .arg(&log)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -77,10 +55,9 @@ impl Upstream {
             .unwrap();
         std::thread::sleep(Duration::from_millis(300));
         Upstream {
-            netns,
-            link,
             server,
             log,
+            _net: net,
         }
     }
 
@@ -93,12 +70,6 @@ impl Drop for Upstream {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.link])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .status();
     }
 }
 

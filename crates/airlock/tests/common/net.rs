@@ -1,0 +1,56 @@
+//! A network of the tests' own: a namespace standing for "the internet",
+//! joined to the host by a veth pair. Needs root and iproute2.
+
+use std::process::Command;
+
+/// A network namespace joined to the host: the host's end of the veth pair
+/// has `host/24`, the namespace's end `far/24`. Removed on drop.
+pub struct FarNet {
+    /// The namespace, for `ip netns exec`.
+    pub netns: String,
+    link: String,
+}
+
+impl FarNet {
+    /// `name` (two letters) tells apart the networks of different tests.
+    pub fn new(name: &str, host: &str, far: &str) -> FarNet {
+        let tag = std::process::id() % 100_000;
+        let netns = format!("al-{name}-{tag}");
+        let link = format!("al-{name}{tag}");
+        let peer = format!("al-{name}p{tag}");
+        let _ = Command::new("ip").args(["netns", "del", &netns]).status();
+        let _ = Command::new("ip").args(["link", "del", &link]).status();
+        let script = format!(
+            "set -e
+             ip netns add {netns}
+             ip link add {link} type veth peer name {peer}
+             ip link set {peer} netns {netns}
+             ip addr add {host}/24 dev {link}
+             ip link set {link} up
+             ip -n {netns} addr add {far}/24 dev {peer}
+             ip -n {netns} link set {peer} up
+             ip -n {netns} link set lo up"
+        );
+        let ok = Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "cannot set up the test network (root and iproute2 needed)"
+        );
+        FarNet { netns, link }
+    }
+}
+
+impl Drop for FarNet {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
