@@ -63,6 +63,11 @@ pub struct SuperviseArgs {
     /// supervisors, never another daemon's or an `airlock run`.
     #[arg(long, default_value = "")]
     owner: String,
+    /// Prepare the network namespace of a sandbox with network before the
+    /// spec comes (a spare started for one): the create then skips that
+    /// setup.
+    #[arg(long)]
+    network: bool,
 }
 
 fn answer(value: serde_json::Value) {
@@ -87,6 +92,16 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Ok(prepared) => prepared,
         Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
     };
+    // A sandbox with network shares a namespace prepared here while this
+    // process is still single-threaded; the daemon serves its egress. (A
+    // sandbox without network gets a namespace of its own from the clone,
+    // whichever this process is in.)
+    let network_ready = args.network;
+    if network_ready {
+        if let Err(e) = airlock_jail::net::enter_egress_namespace().and_then(|s| s.wait()) {
+            return fail(crate::run::error_chain(&e), false);
+        }
+    }
     let mut text = String::new();
     if let Err(e) = std::io::stdin()
         .take(MAX_SPEC_BYTES)
@@ -102,9 +117,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // daemon (a terminal's ^C, a service manager stopping it) must not take
     // its sandboxes down.
     let _ = rustix::process::setsid();
-    // With network, the sandbox shares a namespace prepared here while
-    // this process is still single-threaded; the daemon serves its egress.
-    let network_setup = if spec.network.is_none() {
+    let network_setup = if spec.network.is_none() || network_ready {
         None
     } else {
         match airlock_jail::net::enter_egress_namespace() {

@@ -34,7 +34,7 @@ impl Backend for CountingTier {
     fn probe(&self) -> Result<(), Unavailable> {
         Ok(())
     }
-    fn reserve_id(&self) -> String {
+    fn reserve_id(&self, _: &SandboxSpec) -> String {
         format!("sbx-{:016x}", self.ids.fetch_add(1, Ordering::SeqCst))
     }
     fn unreserve(&self, _: &str) {}

@@ -29,7 +29,7 @@ impl Backend for NoTier {
     fn probe(&self) -> Result<(), Unavailable> {
         Ok(())
     }
-    fn reserve_id(&self) -> String {
+    fn reserve_id(&self, _: &SandboxSpec) -> String {
         "sbx-1".into()
     }
     fn unreserve(&self, _: &str) {}

@@ -139,11 +139,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether the tier can run on this machine, and why not.
     fn probe(&self) -> Result<(), Unavailable>;
 
-    /// A fresh sandbox id for the next `create`. A backend may have
-    /// prepared work for that id ahead (a started supervisor); the daemon
-    /// records the sandbox under it, then calls `create` with it, or
-    /// `unreserve` if it will not.
-    fn reserve_id(&self) -> String;
+    /// A fresh sandbox id for the next `create`, of `spec`. A backend may
+    /// have prepared work for that id ahead (a started supervisor, with a
+    /// network namespace if the spec needs one); the daemon records the
+    /// sandbox under it, then calls `create` with it, or `unreserve` if it
+    /// will not.
+    fn reserve_id(&self, spec: &SandboxSpec) -> String;
 
     /// Gives back an id from `reserve_id` that will not be created.
     fn unreserve(&self, id: &str);

@@ -168,11 +168,11 @@ impl Daemon {
             }
         };
         let started = Instant::now();
-        let id = self.inner.backend.reserve_id();
+        let spec = request.spec;
+        let id = self.inner.backend.reserve_id(&spec);
         // Derived, not drawn, so dialects can hand it out again (see tokens).
         let access_token = self.inner.token_key.token_for(&id);
         let now = now_ms();
-        let spec = request.spec;
         let spec_json = serde_json::to_string(&spec)
             .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
         let tier = serde_json::to_value(spec.tier)

@@ -61,8 +61,8 @@ pub struct ProcessBackend {
     runtime: RuntimeDir,
     cgroups: Option<CgroupLayout>,
     supervisors: Mutex<HashMap<String, Arc<Supervisor>>>,
-    /// The next supervisor, started ahead so a create skips its exec.
-    spare: Arc<Mutex<Option<Spare>>>,
+    /// The next supervisors, started ahead so a create skips their work.
+    spares: Arc<Mutex<Spares>>,
     /// Spares handed out by `reserve_id`, waiting for their `create`.
     reserved: Mutex<HashMap<String, Spare>>,
 }
@@ -78,17 +78,18 @@ impl ProcessBackend {
             runtime: RuntimeDir::system(),
             cgroups: CgroupLayout::detect().ok(),
             supervisors: Mutex::new(HashMap::new()),
-            spare: Arc::new(Mutex::new(None)),
+            spares: Arc::new(Mutex::new(Spares::default())),
             reserved: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Starts the next spare supervisor in the background, if none waits.
-    fn refill(&self) {
-        let (exe, owner, spare) = (
+    /// Starts the next spare supervisor of `kind` in the background, if
+    /// none waits.
+    fn refill(&self, kind: SpareKind) {
+        let (exe, owner, spares) = (
             self.exe.clone(),
             self.owner.clone(),
-            Arc::clone(&self.spare),
+            Arc::clone(&self.spares),
         );
         let id = airlock_jail::launch::new_sandbox_id();
         let socket = self.socket_of(&id);
@@ -96,9 +97,10 @@ impl ProcessBackend {
             return;
         };
         runtime.spawn_blocking(move || {
-            let mut slot = spare.lock().unwrap_or_else(|p| p.into_inner());
+            let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
+            let slot = spares.slot(kind);
             if slot.is_none() {
-                if let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket) {
+                if let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind) {
                     *slot = Some(Spare { id, child });
                 }
             }
@@ -275,15 +277,62 @@ struct Spare {
     child: std::process::Child,
 }
 
-/// Starts `airlock supervise` for sandbox `id`; it waits for its spec.
+/// What a spare prepared before its spec came.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SpareKind {
+    /// Nothing beyond its own start: for sandboxes without network, whose
+    /// namespace comes with the clone.
+    Plain,
+    /// Also the network namespace a sandbox with network shares (its
+    /// interfaces and filter rules, see `airlock_jail::net`): that setup
+    /// runs two programs, which would cost the create several ms.
+    Networked,
+}
+
+impl SpareKind {
+    fn of(spec: &SandboxSpec) -> SpareKind {
+        if spec.network.is_none() {
+            SpareKind::Plain
+        } else {
+            SpareKind::Networked
+        }
+    }
+}
+
+/// One waiting spare of each kind at most. The networked one is started
+/// only once a sandbox with network has been asked for, so a daemon whose
+/// sandboxes never reach the network holds no namespace for them.
+#[derive(Default)]
+struct Spares {
+    plain: Option<Spare>,
+    networked: Option<Spare>,
+}
+
+impl Spares {
+    fn slot(&mut self, kind: SpareKind) -> &mut Option<Spare> {
+        match kind {
+            SpareKind::Plain => &mut self.plain,
+            SpareKind::Networked => &mut self.networked,
+        }
+    }
+}
+
+/// Starts `airlock supervise` for sandbox `id`; it prepares what `kind`
+/// says, then waits for its spec.
 fn spawn_supervisor(
     exe: &Path,
     owner: &str,
     id: &str,
     socket: &Path,
+    kind: SpareKind,
 ) -> Result<std::process::Child, CreateError> {
-    Command::new(exe)
-        .arg("supervise")
+    let mut command = Command::new(exe);
+    if kind == SpareKind::Networked {
+        command.arg("supervise").arg("--network");
+    } else {
+        command.arg("supervise");
+    }
+    command
         .arg("--id")
         .arg(id)
         .arg("--socket")
@@ -389,8 +438,13 @@ impl Backend for ProcessBackend {
         Ok(())
     }
 
-    fn reserve_id(&self) -> String {
-        let spare = self.spare.try_lock().ok().and_then(|mut slot| slot.take());
+    fn reserve_id(&self, spec: &SandboxSpec) -> String {
+        let kind = SpareKind::of(spec);
+        let spare = self
+            .spares
+            .try_lock()
+            .ok()
+            .and_then(|mut spares| spares.slot(kind).take());
         match spare {
             Some(spare) => {
                 let id = spare.id.clone();
@@ -398,11 +452,11 @@ impl Backend for ProcessBackend {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(id.clone(), spare);
-                self.refill();
+                self.refill(kind);
                 id
             }
             None => {
-                self.refill();
+                self.refill(kind);
                 airlock_jail::launch::new_sandbox_id()
             }
         }
@@ -420,11 +474,14 @@ impl Backend for ProcessBackend {
     }
 
     fn warm(&self) {
-        self.refill();
+        self.refill(SpareKind::Plain);
     }
 
     fn shutdown(&self) {
-        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let spare = {
+            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+            [spares.plain.take(), spares.networked.take()]
+        };
         let reserved: Vec<Spare> = self
             .reserved
             .lock()
@@ -432,7 +489,7 @@ impl Backend for ProcessBackend {
             .drain()
             .map(|(_, spare)| spare)
             .collect();
-        for spare in spare.into_iter().chain(reserved) {
+        for spare in spare.into_iter().flatten().chain(reserved) {
             ProcessBackend::discard(spare);
         }
     }
@@ -452,18 +509,21 @@ impl Backend for ProcessBackend {
             id.to_owned(),
             socket.clone(),
         );
+        // A supervisor started now is a plain one: with network, it sets up
+        // the namespace while the sandbox launches, which beats doing that
+        // first.
         let (pid, pidfd) = tokio::task::spawn_blocking(move || {
             match spare {
                 Some(spare) => match launch_with(spare.child, &spec_json) {
                     // A spare that died while it waited: start a fresh one.
                     Err(CreateError::Failed(_)) => launch_with(
-                        spawn_supervisor(&exe, &owner, &owned_id, &owned_socket)?,
+                        spawn_supervisor(&exe, &owner, &owned_id, &owned_socket, SpareKind::Plain)?,
                         &spec_json,
                     ),
                     other => other,
                 },
                 None => launch_with(
-                    spawn_supervisor(&exe, &owner, &owned_id, &owned_socket)?,
+                    spawn_supervisor(&exe, &owner, &owned_id, &owned_socket, SpareKind::Plain)?,
                     &spec_json,
                 ),
             }
