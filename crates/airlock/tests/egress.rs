@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::daemon::{assert_sandbox_gone, TestDaemon};
+use common::daemon::{assert_sandbox_gone, supervisors, TestDaemon};
 use common::net::FarNet;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
@@ -170,6 +170,20 @@ fn denials(daemon: &TestDaemon, id: &str) -> Vec<serde_json::Value> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|e| e["kind"] == "egress.denied" && e["sandbox_id"] == id)
         .collect()
+}
+
+/// The value of `airlock_egress_total{protocol, reason}` in a metrics
+/// text, 0 if absent.
+fn egress_count(metrics: &str, protocol: &str, reason: &str) -> u64 {
+    let labels = format!("{{protocol=\"{protocol}\",reason=\"{reason}\"}}");
+    metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("airlock_egress_total")?
+                .strip_prefix(&labels)
+        })
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -403,6 +417,23 @@ except OSError as e:
     );
     assert_eq!(refused.status, 409, "{}", refused.text());
 
+    // Every decision so far is counted by protocol and reason.
+    let metrics = daemon.call("GET", "/metrics", None);
+    assert_eq!(metrics.status, 200);
+    let metrics = metrics.text();
+    for (protocol, reason) in [
+        ("tcp", "allowed"),
+        ("tcp", "host_address"),
+        ("tcp", "always_denied"),
+        ("dns", "allowed"),
+        ("dns", "not_allowlisted"),
+    ] {
+        assert!(
+            egress_count(&metrics, protocol, reason) >= 1,
+            "no {protocol} {reason} counted in:\n{metrics}"
+        );
+    }
+
     // Many sandboxes, each with its own allowlist: each reaches its own
     // name and none of the others'.
     let many: Vec<String> = (0..MANY)
@@ -432,6 +463,30 @@ except OSError as e:
     for id in [&id, &by_ip, &open, &none].into_iter().chain(many.iter()) {
         assert_sandbox_gone(id);
     }
+
+    // What is left of this daemon is its spares: a plain one and, since
+    // sandboxes with network were asked for, one with their namespace
+    // prepared. They go when the daemon stops.
+    let owner = std::fs::read_to_string(daemon.data_dir().join("instance")).unwrap();
+    let owner = owner.trim().to_owned();
+    let networked = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"--network"))
+    };
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || {
+            let spares = supervisors(&owner);
+            spares.len() == 2 && spares.iter().filter(|p| networked(p)).count() == 1
+        }),
+        "spares of the daemon: {:?}",
+        supervisors(&owner)
+    );
+    drop(daemon);
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || supervisors(&owner).is_empty()),
+        "spares outlived their daemon: {:?}",
+        supervisors(&owner)
+    );
 
     // `airlock run` serves the egress path of its one sandbox itself.
     let out = common::run(&[

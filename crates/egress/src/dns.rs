@@ -69,6 +69,15 @@ pub(crate) async fn answer(query: &Message, shared: &Shared) -> Message {
         response.set_response_code(ResponseCode::NXDomain);
         return response;
     }
+    shared.report(EgressEvent {
+        sandbox: shared.sandbox.clone(),
+        protocol: "dns",
+        destination: name.clone(),
+        port: 53,
+        allowed: true,
+        reason: "allowed",
+        rule: None,
+    });
     let wanted = question.query_type();
     if wanted != RecordType::A && wanted != RecordType::AAAA {
         // The name exists as far as the sandbox may know; nothing else of
