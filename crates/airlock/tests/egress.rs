@@ -1,8 +1,8 @@
 //! Network policy enforcement end to end: sandboxes created through the
 //! daemon reach the test "internet" (a host this test starts in a network
 //! namespace of its own on this machine, named through the daemon's
-//! `--egress-host`) only as their policy says. Needs root, iproute2,
-//! nftables, python3 and curl (scripts/deps installs them).
+//! `--egress-host`) only as their policy says, over IPv4 and IPv6. Needs
+//! root, iproute2, nftables, python3 and curl (scripts/deps installs them).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -28,17 +28,7 @@ struct Internet {
 
 impl Internet {
     fn start() -> Internet {
-        for tool in ["ip", "nft", "python3", "curl"] {
-            assert!(
-                Command::new("sh")
-                    .args(["-c", &format!("command -v {tool}")])
-                    .stdout(Stdio::null())
-                    .status()
-                    .unwrap()
-                    .success(),
-                "{tool} is missing: run scripts/deps as root"
-            );
-        }
+        require_tools();
         let net = FarNet::new("in", "198.51.100.1", "198.51.100.2");
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from site.test\n").unwrap();
@@ -50,20 +40,10 @@ impl Internet {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
-            Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-m",
-                    "1",
-                    "http://198.51.100.2:8000/",
-                ])
-                .status()
-                .is_ok_and(|s| s.success())
-        });
-        assert!(up, "the test internet's server did not start");
+        assert!(
+            answers("http://198.51.100.2:8000/"),
+            "the test internet's server did not start"
+        );
         let ok = Command::new("openssl")
             .args([
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -98,20 +78,10 @@ impl Internet {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
-            Command::new("curl")
-                .args([
-                    "-sk",
-                    "-o",
-                    "/dev/null",
-                    "-m",
-                    "1",
-                    "https://198.51.100.2:8443/",
-                ])
-                .status()
-                .is_ok_and(|s| s.success())
-        });
-        assert!(up, "the test internet's TLS server did not start");
+        assert!(
+            answers("https://198.51.100.2:8443/"),
+            "the test internet's TLS server did not start"
+        );
         let host_service = Command::new("python3")
             .args(["-m", "http.server", "8001", "--bind", "198.51.100.1"])
             .current_dir(&dir)
@@ -119,20 +89,10 @@ impl Internet {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
-            Command::new("curl")
-                .args([
-                    "-s",
-                    "-o",
-                    "/dev/null",
-                    "-m",
-                    "1",
-                    "http://198.51.100.1:8001/",
-                ])
-                .status()
-                .is_ok_and(|s| s.success())
-        });
-        assert!(up, "the host service did not start");
+        assert!(
+            answers("http://198.51.100.1:8001/"),
+            "the host service did not start"
+        );
         Internet {
             server,
             tls_server,
@@ -153,6 +113,46 @@ impl Drop for Internet {
             let _ = child.wait();
         }
     }
+}
+
+/// Fails unless the tools these tests use are installed.
+fn require_tools() {
+    for tool in ["ip", "nft", "python3", "curl"] {
+        assert!(
+            Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .stdout(Stdio::null())
+                .status()
+                .unwrap()
+                .success(),
+            "{tool} is missing: run scripts/deps as root"
+        );
+    }
+}
+
+/// Whether `url` answers from the host within 10 s (a server of the test
+/// internet has started).
+fn answers(url: &str) -> bool {
+    TestDaemon::wait_for(Duration::from_secs(10), || {
+        Command::new("curl")
+            .args(["-sgk", "-o", "/dev/null", "-m", "1", url])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A script for a tool that ignores proxy settings and speaks raw TCP to
+/// `address` port 8000, naming `host` in its request; it prints the HTTP
+/// status (or the error).
+fn raw_get(address: &str, host: &str) -> String {
+    format!(
+        "python3 -c \"
+import socket
+s = socket.create_connection(('{address}', 8000), timeout=5)
+s.sendall(b'GET /index.html HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n')
+print(s.recv(4096).split(b' ')[1].decode())
+\" 2>&1"
+    )
 }
 
 /// Sandboxes with policies of their own, side by side.
@@ -271,19 +271,9 @@ fn egress_follows_the_policy() {
     assert_eq!(code, 52);
     // A tool that ignores proxy settings and speaks raw TCP is intercepted
     // all the same: allowed with the right Host, refused with another.
-    let raw = |host: &str| {
-        format!(
-            "python3 -c \"
-import socket
-s = socket.create_connection(('198.51.100.2', 8000), timeout=5)
-s.sendall(b'GET /index.html HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n')
-print(s.recv(4096).split(b' ')[1].decode())
-\" 2>&1"
-        )
-    };
-    let (out, _) = daemon.sh_out(&id, &raw("site.test"));
+    let (out, _) = daemon.sh_out(&id, &raw_get("198.51.100.2", "site.test"));
     assert_eq!(out.trim(), "200", "{out}");
-    let (out, _) = daemon.sh_out(&id, &raw("other.test"));
+    let (out, _) = daemon.sh_out(&id, &raw_get("198.51.100.2", "other.test"));
     assert!(!out.contains("200"), "{out}");
     // Names that resolve into the always-denied set are refused whatever
     // the rules say: cloud metadata (also as a literal rule) and loopback.
@@ -508,6 +498,158 @@ except OSError as e:
     );
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("egress refused: tcp other.test:8000"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(internet);
+}
+
+/// The address of the IPv6 test internet's server: documentation space
+/// (2001:db8::/32), outside the always-denied set like a public address.
+const V6_SITE: &str = "2001:db8:a1::2";
+
+/// The IPv6 test internet: a namespace of its own with one HTTP server on
+/// [2001:db8:a1::2]:8000, joined to the host by a veth pair carrying
+/// 2001:db8:a1::/64 (and 192.0.2.0/24, TEST-NET-1, which no name here
+/// resolves to).
+struct Internet6 {
+    server: Child,
+    /// Dropped after the server (fields drop after `Drop::drop`).
+    _net: FarNet,
+}
+
+impl Internet6 {
+    fn start() -> Internet6 {
+        require_tools();
+        let net = FarNet::new("v6", "192.0.2.1", "192.0.2.2").with_ipv6("2001:db8:a1::1", V6_SITE);
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("index.html"), "hello from v6site.test\n").unwrap();
+        let server = Command::new("ip")
+            .args(["netns", "exec", &net.netns, "python3", "-m", "http.server"])
+            .args(["8000", "--bind", V6_SITE])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Made before the wait, so a failed start still stops the server.
+        let internet = Internet6 { server, _net: net };
+        assert!(
+            answers(&format!("http://[{V6_SITE}]:8000/")),
+            "the IPv6 test internet's server did not start"
+        );
+        internet
+    }
+}
+
+impl Drop for Internet6 {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+#[test]
+fn egress_over_ipv6_follows_the_policy() {
+    let internet = Internet6::start();
+    let daemon = TestDaemon::start(&["--egress-host", &format!("v6site.test={V6_SITE}")]);
+    let hello = "hello from v6site.test\n";
+
+    // A name with only an IPv6 address: the sandbox's resolver answers
+    // AAAA for it (and no A), and it is reachable by name, transparently
+    // (whichever family curl picks, and IPv6 forced) and through the
+    // proxy's explicit mode.
+    let id = create(&daemon, json!({"mode": "allow", "rules": ["v6site.test"]}));
+    let (out, _) = daemon.sh_out(&id, "getent ahosts v6site.test | cut -d' ' -f1 | sort -u");
+    assert_eq!(out, format!("{V6_SITE}\n"));
+    for curl in [
+        "curl --noproxy '*' -s -m 5",
+        "curl --noproxy '*' -6 -s -m 5",
+        "curl -sf -m 5",
+    ] {
+        let (out, code) = daemon.sh_out(&id, &format!("{curl} http://v6site.test:8000/index.html"));
+        assert_eq!((out.as_str(), code), (hello, 0), "{curl}");
+    }
+    // Raw TCP to the address, which the redirect hands to the proxy's
+    // IPv6 listener: allowed with the right Host, refused with another;
+    // the address alone (Host naming the literal) is refused too.
+    let (out, _) = daemon.sh_out(&id, &raw_get(V6_SITE, "v6site.test"));
+    assert_eq!(out.trim(), "200", "{out}");
+    let (out, _) = daemon.sh_out(&id, &raw_get(V6_SITE, "other.test"));
+    assert!(!out.contains("200"), "{out}");
+    let (_, code) = daemon.sh_out(
+        &id,
+        &format!("curl --noproxy '*' -sg -m 5 http://[{V6_SITE}]:8000/index.html"),
+    );
+    assert_eq!(code, 52, "the allowed host's address without its name");
+
+    // An IP rule lets the IPv6 address through without a name.
+    let by_ip = create(&daemon, json!({"mode": "allow", "rules": [V6_SITE]}));
+    let (out, code) = daemon.sh_out(
+        &by_ip,
+        &format!("curl --noproxy '*' -sg -m 5 http://[{V6_SITE}]:8000/index.html"),
+    );
+    assert_eq!((out.as_str(), code), (hello, 0));
+
+    // A sandbox allowing some other name reaches it neither by address
+    // nor by name (which does not resolve there, curl: 6), and each
+    // refusal is a security audit event.
+    let other = create(&daemon, json!({"mode": "allow", "rules": ["site.test"]}));
+    let (_, code) = daemon.sh_out(
+        &other,
+        &format!("curl --noproxy '*' -sg -m 5 http://[{V6_SITE}]:8000/index.html"),
+    );
+    assert_eq!(code, 52);
+    let (_, code) = daemon.sh_out(
+        &other,
+        "curl --noproxy '*' -s -m 5 http://v6site.test:8000/index.html",
+    );
+    assert_eq!(code, 6);
+    let (_, code) = daemon.sh_out(
+        &other,
+        &format!(
+            "curl --noproxy '*' -sg -m 5 --resolve v6site.test:8000:[{V6_SITE}] \
+             http://v6site.test:8000/index.html"
+        ),
+    );
+    assert_eq!(code, 52);
+    let seen = denials(&daemon, &other);
+    for (protocol, destination) in [
+        ("tcp", V6_SITE),
+        ("dns", "v6site.test"),
+        ("tcp", "v6site.test"),
+    ] {
+        assert!(
+            seen.iter().any(|e| e["detail"]["protocol"] == protocol
+                && e["detail"]["destination"] == destination
+                && e["detail"]["reason"] == "not_allowlisted"),
+            "no {protocol} denial of {destination}: {seen:?}"
+        );
+    }
+
+    daemon.delete_all();
+    for id in [&id, &by_ip, &other] {
+        assert_sandbox_gone(id);
+    }
+
+    // `airlock run` serves the same path.
+    let out = common::run(&[
+        "--allow",
+        "v6site.test",
+        "--egress-host",
+        &format!("v6site.test={V6_SITE}"),
+        "--",
+        "curl",
+        "--noproxy",
+        "*",
+        "-s",
+        "-m",
+        "5",
+        "http://v6site.test:8000/index.html",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        hello,
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

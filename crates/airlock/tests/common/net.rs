@@ -1,14 +1,17 @@
 //! A network of the tests' own: a namespace standing for "the internet",
-//! joined to the host by a veth pair. Needs root and iproute2.
+//! joined to the host by a veth pair (IPv4, and IPv6 when asked for).
+//! Needs root and iproute2.
 
 use std::process::Command;
 
 /// A network namespace joined to the host: the host's end of the veth pair
-/// has `host/24`, the namespace's end `far/24`. Removed on drop.
+/// has `host/24`, the namespace's end `far/24` (and, after
+/// [`FarNet::with_ipv6`], IPv6 addresses in one /64 too). Removed on drop.
 pub struct FarNet {
     /// The namespace, for `ip netns exec`.
     pub netns: String,
     link: String,
+    peer: String,
 }
 
 impl FarNet {
@@ -40,7 +43,29 @@ impl FarNet {
             ok,
             "cannot set up the test network (root and iproute2 needed)"
         );
-        FarNet { netns, link }
+        FarNet { netns, link, peer }
+    }
+
+    /// Also gives the host's end `host/64` and the namespace's end
+    /// `far/64`, usable at once (`nodad`: no duplicate address detection
+    /// to wait for).
+    pub fn with_ipv6(self, host: &str, far: &str) -> FarNet {
+        let FarNet { netns, link, peer } = &self;
+        let script = format!(
+            "set -e
+             ip addr add {host}/64 dev {link} nodad
+             ip -n {netns} addr add {far}/64 dev {peer} nodad"
+        );
+        let ok = Command::new("sh")
+            .args(["-c", &script])
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "cannot give the test network IPv6 addresses (is IPv6 disabled on this host?)"
+        );
+        self
     }
 }
 
