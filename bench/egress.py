@@ -14,7 +14,8 @@ veth pair), a private daemon that resolves `site.test` to it
     (target >= 0.8x). The sandbox gets the machine's CPUs (the default
     limit is one), as the host's curl has: the kernel's work for the
     proxy's loopback hop is charged to the sandbox's cgroup. Median of 5
-    alternating runs;
+    alternating runs; then the same with the test host's link shaped to
+    1 Gbit/s (tc tbf), for the proxy's cost at a server's usual line rate;
  2. the time to open a connection and get a small answer, from inside the
     sandbox (through the proxy: redirect, SNI/Host read, host-side
     resolution, upstream connect) versus on the host: added p50 per
@@ -181,6 +182,16 @@ def main():
             outside.append(float(host_sh(DOWNLOAD.format(host=HOST_IP))))
         down_in, down_out = statistics.median(inside), statistics.median(outside)
 
+        # The same at a server's usual link rate: the test host's sending
+        # side shaped to 1 Gbit/s.
+        sh(f"ip netns exec {NS} tc qdisc add dev {PEER} root tbf rate 1gbit burst 1mb latency 50ms")
+        shaped_in, shaped_out = [], []
+        for _ in range(3):
+            shaped_in.append(float(client.sh(sid, DOWNLOAD.format(host="site.test"))))
+            shaped_out.append(float(host_sh(DOWNLOAD.format(host=HOST_IP))))
+        sh(f"ip netns exec {NS} tc qdisc del dev {PEER} root")
+        shaped_in, shaped_out = statistics.median(shaped_in), statistics.median(shaped_out)
+
         lat_in = float(client.sh(sid, CONNECTS.format(n=args.n * 4, host="site.test")))
         lat_out = float(host_sh(CONNECTS.format(n=args.n * 4, host=HOST_IP)))
         client.delete(sid)
@@ -207,6 +218,8 @@ def main():
     print(f"{args.mib} MiB download: through the proxy {down_in / mib:7.0f} MiB/s, "
           f"direct on the host {down_out / mib:7.0f} MiB/s, ratio {ratio:.2f}x  "
           f"{'PASS' if ratio >= 0.8 else 'MISS'} (target >= 0.8x)")
+    print(f"  at a 1 Gbit/s link: through the proxy {shaped_in / mib:7.0f} MiB/s, "
+          f"direct {shaped_out / mib:7.0f} MiB/s, ratio {shaped_in / shaped_out:.2f}x")
     added = lat_in - lat_out
     print(f"connect + small GET p50: through the proxy {lat_in:.2f} ms, direct {lat_out:.2f} ms, "
           f"added {added:.2f} ms  {'PASS' if added <= 1 else 'MISS'} (target <= 1 ms)")

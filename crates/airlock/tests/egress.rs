@@ -477,6 +477,12 @@ except OSError as e:
         "spares outlived their daemon: {:?}",
         supervisors(&owner)
     );
+    assert!(
+        !std::path::Path::new("/run/airlock/sockets")
+            .join(&owner)
+            .exists(),
+        "the daemon left its sockets directory behind"
+    );
 
     // `airlock run` serves the egress path of its one sandbox itself.
     let out = common::run(&[

@@ -492,6 +492,9 @@ impl Backend for ProcessBackend {
         for spare in spare.into_iter().flatten().chain(reserved) {
             ProcessBackend::discard(spare);
         }
+        // The sockets directory of this daemon, unless sandboxes live on in
+        // it (rmdir leaves a directory that is not empty).
+        let _ = std::fs::remove_dir(self.sockets());
     }
 
     async fn create(&self, id: &str, spec: &SandboxSpec) -> Result<Instance, CreateError> {
