@@ -273,6 +273,22 @@ fn egress_follows_the_policy() {
     // all the same: allowed with the right Host, refused with another.
     let (out, _) = daemon.sh_out(&id, &raw_get("198.51.100.2", "site.test"));
     assert_eq!(out.trim(), "200", "{out}");
+    // An intercepted connection's segment size comes from the route it was
+    // made on, not from loopback, where the proxy takes it: that route must
+    // not hold it to Ethernet-sized segments (which cost a download through
+    // the proxy two thirds of its speed).
+    let (out, _) = daemon.sh_out(
+        &id,
+        "python3 -c \"
+import socket
+s = socket.create_connection(('198.51.100.2', 8000), timeout=5)
+print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+\"",
+    );
+    assert!(
+        out.trim().parse::<u32>().is_ok_and(|mss| mss > 16_000),
+        "segment size of an intercepted connection: {out}"
+    );
     let (out, _) = daemon.sh_out(&id, &raw_get("198.51.100.2", "other.test"));
     assert!(!out.contains("200"), "{out}");
     // Names that resolve into the always-denied set are refused whatever

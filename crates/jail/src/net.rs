@@ -15,7 +15,8 @@
 //!   resolver on `127.0.0.1` port 53 (`/etc/resolv.conf` names it).
 //! - a veth pair `e0`/`e1` with both ends inside, `e0` carrying a host
 //!   address and the default routes: without a route, `connect` to an
-//!   outside address would fail before the filter could redirect it.
+//!   outside address would fail before the filter could redirect it. Its
+//!   MTU is 65535, near loopback's (see [`LINKS`]).
 //! - the rules of [`RULES`] (nftables, in this namespace only: nothing is
 //!   added to the host's firewall, and the rules go with the namespace):
 //!   every TCP connection that would leave is redirected to the proxy
@@ -35,10 +36,14 @@ pub const PROXY_PORT: u16 = airlock_policy::network::PROXY_PORT;
 /// Port of the resolver on `127.0.0.1` inside the namespace.
 pub const DNS_PORT: u16 = 53;
 
-/// Interfaces and routes, as `ip -batch` input.
+/// Interfaces and routes, as `ip -batch` input. `e0` carries no traffic
+/// (everything that would use it is redirected to loopback or dropped), but
+/// a connection takes its segment size from the route it was made on, so
+/// `e0` gets loopback's size of frame: with Ethernet's 1500, every
+/// intercepted connection would move 1448-byte segments through the proxy.
 pub const LINKS: &str = "\
 link set lo up
-link add e0 type veth peer name e1
+link add e0 mtu 65535 type veth peer name e1 mtu 65535
 link set e1 up
 link set e0 up
 addr add 10.255.255.1/32 dev e0
