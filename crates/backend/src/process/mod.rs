@@ -96,13 +96,26 @@ impl ProcessBackend {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // The lock is not held while the spare starts: a create must not
+        // wait for the spare of the other kind.
         runtime.spawn_blocking(move || {
-            let mut spares = spares.lock().unwrap_or_else(|p| p.into_inner());
-            let slot = spares.slot(kind);
-            if slot.is_none() {
-                if let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind) {
-                    *slot = Some(Spare { id, child });
+            if lock(&spares).slot(kind).is_some() {
+                return;
+            }
+            let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind) else {
+                return;
+            };
+            let spare = Spare { id, child };
+            let surplus = match lock(&spares).slot(kind) {
+                slot @ None => {
+                    *slot = Some(spare);
+                    None
                 }
+                // Another refill was quicker.
+                Some(_) => Some(spare),
+            };
+            if let Some(surplus) = surplus {
+                ProcessBackend::discard(surplus);
             }
         });
     }
@@ -317,6 +330,12 @@ impl Spares {
     }
 }
 
+/// The spares, whatever a panicking holder left (every change to them is
+/// a single assignment).
+fn lock(spares: &Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
+    spares.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Starts `airlock supervise` for sandbox `id`; it prepares what `kind`
 /// says, then waits for its spec.
 fn spawn_supervisor(
@@ -440,11 +459,7 @@ impl Backend for ProcessBackend {
 
     fn reserve_id(&self, spec: &SandboxSpec) -> String {
         let kind = SpareKind::of(spec);
-        let spare = self
-            .spares
-            .try_lock()
-            .ok()
-            .and_then(|mut spares| spares.slot(kind).take());
+        let spare = lock(&self.spares).slot(kind).take();
         match spare {
             Some(spare) => {
                 let id = spare.id.clone();
@@ -479,7 +494,7 @@ impl Backend for ProcessBackend {
 
     fn shutdown(&self) {
         let spare = {
-            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+            let mut spares = lock(&self.spares);
             [spares.plain.take(), spares.networked.take()]
         };
         let reserved: Vec<Spare> = self
