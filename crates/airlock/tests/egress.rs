@@ -22,9 +22,30 @@ struct Internet {
     /// A service of the host itself, on its side of the veth
     /// (198.51.100.1:8001): public as addresses go, but the host's own.
     host_service: Child,
+    /// Logs every UDP datagram that reaches 198.51.100.2 ports 53 and 9999.
+    udp_sink: Child,
+    udp_log: std::path::PathBuf,
     /// Dropped after the servers (fields drop after `Drop::drop`).
     _net: FarNet,
 }
+
+/// Binds UDP 198.51.100.2 ports 53 and 9999 and appends a line per
+/// datagram (`PORT PAYLOAD`) to the file named by its argument, after a
+/// first line `ready`.
+const UDP_SINK: &str = "
+import select, socket, sys
+socks = []
+for port in (53, 9999):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(('198.51.100.2', port))
+    socks.append(s)
+log = open(sys.argv[1], 'a', buffering=1)
+log.write('ready\\n')
+while True:
+    for s in select.select(socks, [], [])[0]:
+        data = s.recvfrom(65535)[0]
+        log.write('%d %r\\n' % (s.getsockname()[1], data[:32]))
+";
 
 impl Internet {
     fn start() -> Internet {
@@ -93,10 +114,25 @@ impl Internet {
             answers("http://198.51.100.1:8001/"),
             "the host service did not start"
         );
+        let udp_log = dir.join("udp.log");
+        let udp_sink = Command::new("ip")
+            .args(["netns", "exec", &net.netns, "python3", "-c", UDP_SINK])
+            .arg(&udp_log)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(
+            TestDaemon::wait_for(Duration::from_secs(10), || {
+                std::fs::read_to_string(&udp_log).is_ok_and(|l| l.starts_with("ready"))
+            }),
+            "the test internet's UDP sink did not start"
+        );
         Internet {
             server,
             tls_server,
             host_service,
+            udp_sink,
+            udp_log,
             _net: net,
         }
     }
@@ -108,6 +144,7 @@ impl Drop for Internet {
             &mut self.server,
             &mut self.tls_server,
             &mut self.host_service,
+            &mut self.udp_sink,
         ] {
             let _ = child.kill();
             let _ = child.wait();
@@ -313,19 +350,45 @@ print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
         "curl --noproxy '*' -s -m 5 --resolve metadata.test:80:169.254.169.254 http://metadata.test/",
     );
     assert_ne!(code, 0);
-    // UDP other than DNS and ICMP do not leave.
+    // UDP other than DNS and ICMP do not leave: a datagram to an outside
+    // port is refused, a DNS query to an outside resolver is answered by
+    // the sandbox's own (which knows no other.test), and neither reaches
+    // the test internet, which does get the host's datagram.
     let (out, _) = daemon.sh_out(
         &id,
         "python3 -c \"
 import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
 try:
-    s.sendto(b'x', ('198.51.100.2', 9999)); print('sent')
+    s.sendto(b'from the sandbox', ('198.51.100.2', 9999)); print('sent')
 except OSError as e:
     print('refused', e.errno)
+query = bytes.fromhex('abcd01000001000000000000') + b'\\x05other\\x04test\\x00\\x00\\x01\\x00\\x01'
+s.sendto(query, ('198.51.100.2', 53))
+print('rcode', s.recvfrom(512)[0][3] & 15)
+for kind, proto in ((socket.SOCK_DGRAM, socket.IPPROTO_ICMP), (socket.SOCK_RAW, socket.IPPROTO_ICMP)):
+    try:
+        icmp = socket.socket(socket.AF_INET, kind, proto)
+        icmp.sendto(bytes.fromhex('0800f7ff00000000'), ('198.51.100.2', 0)); print('icmp sent')
+    except OSError as e:
+        print('icmp refused')
 \"",
     );
-    assert!(out.starts_with("refused"), "{out}");
+    assert_eq!(
+        out, "refused 1\nrcode 3\nicmp refused\nicmp refused\n",
+        "{out}"
+    );
+    std::net::UdpSocket::bind("198.51.100.1:0")
+        .unwrap()
+        .send_to(b"from the host", "198.51.100.2:9999")
+        .unwrap();
+    let mut received = String::new();
+    TestDaemon::wait_for(Duration::from_secs(5), || {
+        received = std::fs::read_to_string(&internet.udp_log).unwrap();
+        received.lines().count() > 1
+    });
+    assert_eq!(received, "ready\n9999 b'from the host'\n");
     // Every refusal is a security audit event.
     let seen = denials(&daemon, &id);
     assert!(
