@@ -13,8 +13,8 @@ use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A DNS server that answers every A query with 203.0.113.2 and appends
-/// each queried name to `log`.
+/// A DNS server that answers every A query with 203.0.113.2 and every
+/// AAAA query with 2001:db8::2, and appends each queried name to `log`.
 const UPSTREAM: &str = r#"
 import socket, struct, sys
 log = open(sys.argv[1], "a", buffering=1)
@@ -28,9 +28,12 @@ while True:
     qtype = struct.unpack("!H", data[i + 1:i + 3])[0]
     log.write(".".join(labels) + "\n")
     question = data[12:i + 5]
-    answers = 1 if qtype == 1 else 0
+    answers = 1 if qtype in (1, 28) else 0
     head = data[:2] + b"\x81\x80" + struct.pack("!HHHH", 1, answers, 0, 0)
-    answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + socket.inet_aton("203.0.113.2")
+    if qtype == 28:
+        answer = b"\xc0\x0c" + struct.pack("!HHIH", 28, 1, 30, 16) + socket.inet_pton(socket.AF_INET6, "2001:db8::2")
+    else:
+        answer = b"\xc0\x0c" + struct.pack("!HHIH", 1, 1, 30, 4) + socket.inet_aton("203.0.113.2")
     s.sendto(head + question + (answer if answers else b""), peer)
 "#;
 
@@ -80,9 +83,10 @@ fn a_dns_tunnel_reaches_no_upstream() {
     let created = daemon.create(json!({"network": {"mode": "allow", "rules": ["site.test"]}}));
     let id = created["id"].as_str().unwrap();
 
-    // The allowed name is resolved through the upstream.
-    let (out, _) = daemon.sh_out(id, "getent hosts site.test");
-    assert!(out.starts_with("203.0.113.2"), "{out}");
+    // The allowed name is resolved through the upstream, with addresses of
+    // both kinds.
+    let (out, _) = daemon.sh_out(id, "getent ahosts site.test | cut -d' ' -f1 | sort -u");
+    assert_eq!(out, "2001:db8::2\n203.0.113.2\n");
     assert!(
         upstream.queries().contains("site.test"),
         "{}",

@@ -55,20 +55,14 @@ impl SystemResolver {
     /// Reads the host's configuration; search domains and `ndots` are
     /// dropped.
     pub fn from_system() -> Result<SystemResolver, String> {
-        let (config, mut options) = hickory_resolver::system_conf::read_system_conf()
+        let (config, options) = hickory_resolver::system_conf::read_system_conf()
             .map_err(|e| format!("cannot read the host's resolver configuration: {e}"))?;
         let config = hickory_resolver::config::ResolverConfig::from_parts(
             None,
             Vec::new(),
             config.name_servers().to_vec(),
         );
-        options.ndots = 0;
-        let resolver = hickory_resolver::TokioResolver::builder_with_config(
-            config,
-            hickory_resolver::name_server::TokioConnectionProvider::default(),
-        )
-        .with_options(options)
-        .build();
+        let resolver = SystemResolver::build(config, options);
         Ok(SystemResolver { resolver })
     }
 }
@@ -87,15 +81,28 @@ impl SystemResolver {
                 true,
             ),
         );
-        let mut options = hickory_resolver::config::ResolverOpts::default();
+        let options = hickory_resolver::config::ResolverOpts::default();
+        SystemResolver {
+            resolver: SystemResolver::build(config, options),
+        }
+    }
+
+    /// Names are asked as they are (no search domains); a lookup asks for
+    /// both A and AAAA, so a sandbox asking for AAAA of a name that has
+    /// both gets its IPv6 addresses (hickory's default asks for AAAA only
+    /// when there is no A). The proxy tries the addresses in turn.
+    fn build(
+        config: hickory_resolver::config::ResolverConfig,
+        mut options: hickory_resolver::config::ResolverOpts,
+    ) -> hickory_resolver::TokioResolver {
         options.ndots = 0;
-        let resolver = hickory_resolver::TokioResolver::builder_with_config(
+        options.ip_strategy = hickory_resolver::config::LookupIpStrategy::Ipv4AndIpv6;
+        hickory_resolver::TokioResolver::builder_with_config(
             config,
             hickory_resolver::name_server::TokioConnectionProvider::default(),
         )
         .with_options(options)
-        .build();
-        SystemResolver { resolver }
+        .build()
     }
 }
 

@@ -34,14 +34,9 @@ impl FarNet {
              ip -n {netns} link set {peer} up
              ip -n {netns} link set lo up"
         );
-        let ok = Command::new("sh")
-            .args(["-c", &script])
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            ok,
-            "cannot set up the test network (root and iproute2 needed)"
+        run(
+            &script,
+            "cannot set up the test network (root and iproute2 needed)",
         );
         FarNet { netns, link, peer }
     }
@@ -56,17 +51,22 @@ impl FarNet {
              ip addr add {host}/64 dev {link} nodad
              ip -n {netns} addr add {far}/64 dev {peer} nodad"
         );
-        let ok = Command::new("sh")
-            .args(["-c", &script])
-            .status()
-            .unwrap()
-            .success();
-        assert!(
-            ok,
-            "cannot give the test network IPv6 addresses (is IPv6 disabled on this host?)"
+        run(
+            &script,
+            "cannot give the test network IPv6 addresses (is IPv6 disabled on this host?)",
         );
         self
     }
+}
+
+/// Runs a shell script; fails the test with `failure` if it fails.
+fn run(script: &str, failure: &str) {
+    let ok = Command::new("sh")
+        .args(["-c", script])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "{failure}");
 }
 
 impl Drop for FarNet {
