@@ -254,7 +254,13 @@ async fn judge_and_connect(
                 return None;
             }
             match shared.resolver.lookup(name.as_str()).await {
-                Ok(ips) => ips,
+                // IPv4 first, as before names were looked up for AAAA as
+                // well: a host whose IPv6 route leads nowhere would make
+                // every connection wait out the connect timeout first.
+                Ok(mut ips) => {
+                    ips.sort_by_key(IpAddr::is_ipv6);
+                    ips
+                }
                 Err(e) => {
                     tracing::debug!("egress: {e}");
                     shared.report(EgressEvent {
