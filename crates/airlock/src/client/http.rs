@@ -293,6 +293,16 @@ impl Api {
         read_json(&what, response)
     }
 
+    /// `PUT path` with a JSON body → the JSON answer.
+    pub fn put_json(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        let what = format!("PUT {path}");
+        let request = self
+            .prepare(self.agent.put(format!("{}{path}", self.base)), &[])
+            .content_type("application/json");
+        let response = self.check(&what, request.send(body.to_string()))?;
+        read_json(&what, response)
+    }
+
     /// `DELETE path?query`.
     pub fn delete(&self, path: &str, query: &[(&str, &str)]) -> Result<(), ClientError> {
         let what = format!("DELETE {path}");

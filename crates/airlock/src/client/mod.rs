@@ -58,6 +58,9 @@ pub enum ClientCommand {
     Kill(sandboxes::KillArgs),
     /// Show a sandbox's audit events.
     Logs(sandboxes::LogsArgs),
+    /// Show a sandbox's network policy, or replace it while it runs
+    /// (`--net open`, `--allow RULE`...; new connections follow at once).
+    Network(sandboxes::NetworkArgs),
 }
 
 /// Runs one client command; the exit code to leave with.
@@ -71,6 +74,7 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Files(args) => files::files(&args),
         ClientCommand::Kill(args) => sandboxes::kill(&args),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
+        ClientCommand::Network(args) => sandboxes::network(&args),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,5 @@
-//! `airlock create | ls | status | kill | logs`: sandboxes and their audit
-//! events.
+//! `airlock create | ls | status | kill | logs | network`: sandboxes, their
+//! audit events and their network policy.
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
@@ -78,6 +78,22 @@ pub struct StatusArgs {
     /// The sandbox.
     id: String,
     /// Print the daemon's sandbox view as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+/// Options of `airlock network`.
+#[derive(Args)]
+pub struct NetworkArgs {
+    /// The sandbox.
+    id: String,
+    /// The policy to put in place; none given shows the current one. A
+    /// sandbox created without network cannot be given any.
+    #[command(flatten)]
+    net: NetArgs,
+    /// Print the policy as the daemon's JSON.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -360,6 +376,42 @@ fn status_text(view: &Value, now: i64) -> String {
         .collect()
 }
 
+/// `airlock network ID [--net MODE | --allow RULE...]`.
+pub fn network(args: &NetworkArgs) -> Result<ExitCode> {
+    network_to(args, &mut std::io::stdout().lock())
+}
+
+fn network_to(args: &NetworkArgs, out: &mut dyn Write) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let path = sandbox_path(&args.id, "/network");
+    let policy = if args.net.given() {
+        let wanted = serde_json::to_value(args.net.policy())?;
+        api.put_json(&path, &wanted)?
+    } else {
+        api.get_json(&path, &[])?
+    };
+    if args.json {
+        writeln!(out, "{policy}")?;
+    } else {
+        out.write_all(network_text(&policy).as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A policy as `mode:` and, in allow mode, one `allow:` line per rule.
+fn network_text(policy: &Value) -> String {
+    let mut text = format!("mode:  {}\n", cell(policy.get("mode")));
+    for rule in policy
+        .get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        text.push_str(&format!("allow: {}\n", rule.as_str().unwrap_or("?")));
+    }
+    text
+}
+
 /// `airlock kill ID...`: deletes each; every id that failed is reported and
 /// makes the exit code 1.
 pub fn kill(args: &KillArgs) -> Result<ExitCode> {
@@ -609,6 +661,47 @@ mod tests {
         assert_eq!(
             requests[1].target,
             "/v1/sandboxes?state=running%2Cpaused&metadata=owner%3Dme&cursor=c1"
+        );
+    }
+
+    #[test]
+    fn network_shows_or_replaces_the_policy() {
+        let server = FakeServer::start(2, |request, stream| {
+            let body = if request.method == "PUT" {
+                request.body.clone()
+            } else {
+                br#"{"mode":"allow","rules":["pypi.org","*.pythonhosted.org:443"]}"#.to_vec()
+            };
+            respond(stream, 200, "application/json", &body);
+        });
+        let conn = connection(&server.url);
+        let api = conn.api().unwrap();
+        let shown = api
+            .get_json(&sandbox_path("sbx-1", "/network"), &[])
+            .unwrap();
+        assert_eq!(
+            network_text(&shown),
+            "mode:  allow\nallow: pypi.org\nallow: *.pythonhosted.org:443\n"
+        );
+        let args = NetworkArgs {
+            id: "sbx-1".into(),
+            net: NetArgs {
+                net: Some(crate::net_args::NetMode::Open),
+                allow: vec![],
+            },
+            json: true,
+            conn,
+        };
+        let mut out = Vec::new();
+        assert_eq!(network_to(&args, &mut out).unwrap(), ExitCode::SUCCESS);
+        assert_eq!(String::from_utf8(out).unwrap(), "{\"mode\":\"open\"}\n");
+        let requests = server.finish();
+        assert_eq!(requests[1].method, "PUT");
+        assert_eq!(requests[1].target, "/v1/sandboxes/sbx-1/network");
+        assert_eq!(requests[1].header("content-type"), Some("application/json"));
+        assert_eq!(
+            serde_json::from_slice::<Value>(&requests[1].body).unwrap(),
+            json!({"mode": "open"})
         );
     }
 
