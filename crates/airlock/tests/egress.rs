@@ -24,9 +24,62 @@ struct Internet {
     host_service: Child,
     /// Logs every UDP datagram that reaches 198.51.100.2 ports 53 and 9999.
     udp_sink: Child,
+    /// HTTP/1.1 with keep-alive on 198.51.100.2:8002, answering each
+    /// request with the `Host` it named (`host=…`).
+    keep_alive: Child,
     udp_log: std::path::PathBuf,
     /// Dropped after the servers (fields drop after `Drop::drop`).
     _net: FarNet,
+}
+
+/// Serves HTTP/1.1 with keep-alive (and pipelining) on 198.51.100.2:8002;
+/// each answer is `host=` and the request's `Host`.
+const KEEP_ALIVE_SERVER: &str = "
+import http.server
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    def do_GET(self):
+        body = ('host=%s\\n' % self.headers.get('Host')).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(('198.51.100.2', 8002), Echo).serve_forever()
+";
+
+/// Two requests pipelined on one connection to `address` port `port`, the
+/// first naming `first`, the second `second` (`Host`, and the target
+/// when `absolute`); prints how many answers came and whether one names
+/// the second host.
+fn pipelined(address: &str, port: u16, first: &str, second: &str, absolute: bool) -> String {
+    let target = |host: &str| {
+        if absolute {
+            format!("http://{host}/")
+        } else {
+            "/".to_owned()
+        }
+    };
+    format!(
+        "python3 -c \"
+import socket
+s = socket.create_connection(('{address}', {port}), timeout=3)
+s.sendall(b'GET {t1} HTTP/1.1\\r\\nHost: {first}\\r\\n\\r\\nGET {t2} HTTP/1.1\\r\\nHost: {second}\\r\\n\\r\\n')
+data = b''
+while True:
+    try:
+        chunk = s.recv(4096)
+    except socket.timeout:
+        break
+    if not chunk:
+        break
+    data += chunk
+print(data.count(b'host='), b'{second}' in data)
+\" 2>&1",
+        t1 = target(first),
+        t2 = target(second),
+    )
 }
 
 /// Binds UDP 198.51.100.2 ports 53 and 9999 and appends a line per
@@ -114,6 +167,23 @@ impl Internet {
             answers("http://198.51.100.1:8001/"),
             "the host service did not start"
         );
+        let keep_alive = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &net.netns,
+                "python3",
+                "-c",
+                KEEP_ALIVE_SERVER,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(
+            answers("http://198.51.100.2:8002/"),
+            "the test internet's keep-alive server did not start"
+        );
         let udp_log = dir.join("udp.log");
         let udp_sink = Command::new("ip")
             .args(["netns", "exec", &net.netns, "python3", "-c", UDP_SINK])
@@ -133,6 +203,7 @@ impl Internet {
             host_service,
             udp_sink,
             udp_log,
+            keep_alive,
             _net: net,
         }
     }
@@ -145,6 +216,7 @@ impl Drop for Internet {
             &mut self.tls_server,
             &mut self.host_service,
             &mut self.udp_sink,
+            &mut self.keep_alive,
         ] {
             let _ = child.kill();
             let _ = child.wait();
@@ -310,6 +382,43 @@ fn egress_follows_the_policy() {
     // all the same: allowed with the right Host, refused with another.
     let (out, _) = daemon.sh_out(&id, &raw_get("198.51.100.2", "site.test"));
     assert_eq!(out.trim(), "200", "{out}");
+    // Plain HTTP is judged by its first request's Host, so the server
+    // answers that one alone: a second request pipelined or kept alive on
+    // the connection, naming a host not allowed, is never served, whether
+    // the connection was intercepted or made to the proxy as a proxy.
+    let (out, _) = daemon.sh_out(
+        &id,
+        &pipelined(
+            "198.51.100.2",
+            8002,
+            "site.test:8002",
+            "other.test:8002",
+            false,
+        ),
+    );
+    assert_eq!(out, "1 False\n");
+    let (out, _) = daemon.sh_out(
+        &id,
+        &pipelined(
+            "127.0.0.1",
+            15001,
+            "site.test:8002",
+            "other.test:8002",
+            true,
+        ),
+    );
+    assert_eq!(out, "1 False\n");
+    // Clients that reuse connections do not notice: they open another.
+    for proxy in ["", "--noproxy '*'"] {
+        let (out, code) = daemon.sh_out(
+            &id,
+            &format!("curl {proxy} -s -m 5 http://site.test:8002/a http://site.test:8002/b"),
+        );
+        assert_eq!(
+            (out.as_str(), code),
+            ("host=site.test:8002\nhost=site.test:8002\n", 0)
+        );
+    }
     // An intercepted connection's segment size comes from the route it was
     // made on, not from loopback, where the proxy takes it: that route must
     // not hold it to Ethernet-sized segments (which cost a download through

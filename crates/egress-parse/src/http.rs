@@ -90,6 +90,62 @@ pub fn http_host(first_bytes: &[u8]) -> Sniffed {
     request.name(host)
 }
 
+/// `request` changed so that the server answers its first request alone
+/// and then closes the connection: any `Connection`, `Keep-Alive` and
+/// `Proxy-Connection` header of the first head is replaced by
+/// `Connection: close`, and a server MUST NOT process further requests on
+/// that connection (RFC 9112, 9.6). Later requests, which could name
+/// another host than the one judged, are thus never served; a client
+/// opens a new connection for them, judged anew.
+///
+/// Left as it is: anything that does not start with a complete request
+/// head naming a host (see [`http_host`]: TLS, other protocols), and a
+/// request asking to switch protocols (`Upgrade`, e.g. WebSocket), whose
+/// connection becomes a tunnel to the same server.
+pub fn one_request_only(request: Vec<u8>) -> Vec<u8> {
+    if !matches!(http_host(&request), Sniffed::Name { .. }) {
+        return request;
+    }
+    // The head is complete and strict (http_host checked it): its lines
+    // end in CRLF and the first empty line ends it.
+    let mut lines: Vec<&[u8]> = Vec::new();
+    let mut rest: &[u8] = &request;
+    while let Some(end) = find_crlf(rest) {
+        let line = &rest[..end];
+        rest = &rest[end + 2..];
+        if line.is_empty() {
+            break;
+        }
+        lines.push(line);
+    }
+    let Some((request_line, headers)) = lines.split_first() else {
+        return request;
+    };
+    let mut kept = Vec::with_capacity(headers.len());
+    for line in headers {
+        let Ok((name, _)) = header(line) else {
+            return request;
+        };
+        if name.eq_ignore_ascii_case(b"upgrade") {
+            return request;
+        }
+        let hop_by_hop = [&b"connection"[..], b"keep-alive", b"proxy-connection"]
+            .iter()
+            .any(|hop| name.eq_ignore_ascii_case(hop));
+        if !hop_by_hop {
+            kept.push(*line);
+        }
+    }
+    let mut changed = Vec::with_capacity(request.len() + 19);
+    for line in std::iter::once(request_line).chain(kept.iter()) {
+        changed.extend_from_slice(line);
+        changed.extend_from_slice(b"\r\n");
+    }
+    changed.extend_from_slice(b"Connection: close\r\n\r\n");
+    changed.extend_from_slice(rest);
+    changed
+}
+
 fn find_crlf(bytes: &[u8]) -> Option<usize> {
     bytes.windows(2).position(|pair| pair == b"\r\n")
 }
@@ -326,6 +382,44 @@ fn header(line: &[u8]) -> Result<(&[u8], &[u8]), Sniffed> {
 mod tests {
     use super::*;
     use crate::testing::Rng;
+
+    #[test]
+    fn only_the_first_request_is_served() {
+        let cases: [(&[u8], &[u8]); 6] = [
+            (
+                b"GET / HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nAccept: */*\r\n\r\nGET / HTTP/1.1\r\nHost: b.test\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\nConnection: close\r\n\r\nGET / HTTP/1.1\r\nHost: b.test\r\n\r\n",
+            ),
+            (
+                b"POST /x HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\n\r\nhi",
+                b"POST /x HTTP/1.1\r\nhost: a.test\r\ncontent-length: 2\r\nConnection: close\r\n\r\nhi",
+            ),
+            (
+                b"GET http://a.test/ HTTP/1.0\r\nPROXY-CONNECTION: Keep-Alive\r\n\r\n",
+                b"GET http://a.test/ HTTP/1.0\r\nConnection: close\r\n\r\n",
+            ),
+            // Switching protocols, not HTTP, or not a complete head naming
+            // a host: untouched.
+            (
+                b"GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                b"GET /ws HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            ),
+            (b"\x16\x03\x01\x00\x05hello", b"\x16\x03\x01\x00\x05hello"),
+            (
+                b"GET / HTTP/1.1\r\nHost: a.test\r\n",
+                b"GET / HTTP/1.1\r\nHost: a.test\r\n",
+            ),
+        ];
+        for (given, wanted) in cases {
+            assert_eq!(
+                String::from_utf8_lossy(&one_request_only(given.to_vec())),
+                String::from_utf8_lossy(wanted)
+            );
+        }
+        // What comes out still names the same host.
+        let changed = one_request_only(cases[0].0.to_vec());
+        assert!(matches!(http_host(&changed), Sniffed::Name { host, .. } if host == "a.test"));
+    }
 
     fn name(host: &str, port: Option<u16>) -> Sniffed {
         Sniffed::Name {

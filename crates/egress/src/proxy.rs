@@ -1,7 +1,7 @@
 //! The transparent TCP proxy (see the crate doc for the decision order).
 
 use crate::{EgressEvent, Shared};
-use airlock_egress_parse::{http_host, tls_sni, Sniffed, MAX_SNIFF_BYTES};
+use airlock_egress_parse::{http_host, one_request_only, tls_sni, Sniffed, MAX_SNIFF_BYTES};
 use airlock_policy::{canonical_host, Decision, Destination, Host};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -83,7 +83,9 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
         judge_and_connect(shared, &host, Some(original.ip()), port).await
     {
         report(shared, &label, port, &decision);
-        splice(inside, upstream, first).await;
+        // Plain HTTP is judged by its first request's Host: the server
+        // must serve that one alone (TLS bytes pass untouched).
+        splice(inside, upstream, one_request_only(first)).await;
     }
 }
 
@@ -149,7 +151,9 @@ async fn explicit(mut inside: TcpStream, shared: &Shared) {
     };
     report(shared, &label, port, &decision);
     if !tunnel {
-        splice(inside, upstream, origin_form(first)).await;
+        // One request per judged host: a client reusing its connection to
+        // the proxy for another URL must open a new one.
+        splice(inside, upstream, origin_form(one_request_only(first))).await;
         return;
     }
     let head_end = first
