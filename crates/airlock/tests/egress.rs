@@ -106,17 +106,12 @@ impl Internet {
         let net = FarNet::new("in", "198.51.100.1", "198.51.100.2");
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from site.test\n").unwrap();
-        let server = Command::new("ip")
-            .args(["netns", "exec", &net.netns, "python3", "-m", "http.server"])
-            .args(["8000", "--bind", "198.51.100.2"])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(
-            answers("http://198.51.100.2:8000/"),
-            "the test internet's server did not start"
+        let far = Some(net.netns.as_str());
+        let server = start_server(
+            far,
+            &dir,
+            &["-m", "http.server", "8000", "--bind", "198.51.100.2"],
+            "http://198.51.100.2:8000/",
         );
         let ok = Command::new("openssl")
             .args([
@@ -137,52 +132,31 @@ impl Internet {
             .unwrap()
             .success();
         assert!(ok, "openssl cannot make the test certificate");
-        let tls_server = Command::new("ip")
-            .args(["netns", "exec", &net.netns, "python3", "-c"])
-            .arg(
+        let tls_server = start_server(
+            far,
+            &dir,
+            &[
+                "-c",
                 "import http.server, ssl\n\
                  server = http.server.HTTPServer(('198.51.100.2', 8443), http.server.SimpleHTTPRequestHandler)\n\
                  context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
                  context.load_cert_chain('cert.pem', 'key.pem')\n\
                  server.socket = context.wrap_socket(server.socket, server_side=True)\n\
                  server.serve_forever()\n",
-            )
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(
-            answers("https://198.51.100.2:8443/"),
-            "the test internet's TLS server did not start"
+            ],
+            "https://198.51.100.2:8443/",
         );
-        let host_service = Command::new("python3")
-            .args(["-m", "http.server", "8001", "--bind", "198.51.100.1"])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(
-            answers("http://198.51.100.1:8001/"),
-            "the host service did not start"
+        let host_service = start_server(
+            None,
+            &dir,
+            &["-m", "http.server", "8001", "--bind", "198.51.100.1"],
+            "http://198.51.100.1:8001/",
         );
-        let keep_alive = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &net.netns,
-                "python3",
-                "-c",
-                KEEP_ALIVE_SERVER,
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(
-            answers("http://198.51.100.2:8002/"),
-            "the test internet's keep-alive server did not start"
+        let keep_alive = start_server(
+            far,
+            &dir,
+            &["-c", KEEP_ALIVE_SERVER],
+            "http://198.51.100.2:8002/",
         );
         let udp_log = dir.join("udp.log");
         let udp_sink = Command::new("ip")
@@ -222,6 +196,32 @@ impl Drop for Internet {
             let _ = child.wait();
         }
     }
+}
+
+/// Starts `python3 ARGS` in `dir`, inside the namespace `netns` (or on the
+/// host), and waits until `url` answers (stopping it if it does not).
+fn start_server(netns: Option<&str>, dir: &std::path::Path, args: &[&str], url: &str) -> Child {
+    let mut command = match netns {
+        Some(netns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", netns, "python3"]);
+            command
+        }
+        None => Command::new("python3"),
+    };
+    let mut server = command
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    if !answers(url) {
+        let _ = server.kill();
+        let _ = server.wait();
+        panic!("the test server for {url} did not start");
+    }
+    server
 }
 
 /// Fails unless the tools these tests use are installed.
@@ -718,21 +718,13 @@ impl Internet6 {
         let net = FarNet::new("v6", "192.0.2.1", "192.0.2.2").with_ipv6("2001:db8:a1::1", V6_SITE);
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from v6site.test\n").unwrap();
-        let server = Command::new("ip")
-            .args(["netns", "exec", &net.netns, "python3", "-m", "http.server"])
-            .args(["8000", "--bind", V6_SITE])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        // Made before the wait, so a failed start still stops the server.
-        let internet = Internet6 { server, _net: net };
-        assert!(
-            answers(&format!("http://[{V6_SITE}]:8000/")),
-            "the IPv6 test internet's server did not start"
+        let server = start_server(
+            Some(&net.netns),
+            &dir,
+            &["-m", "http.server", "8000", "--bind", V6_SITE],
+            &format!("http://[{V6_SITE}]:8000/"),
         );
-        internet
+        Internet6 { server, _net: net }
     }
 }
 
