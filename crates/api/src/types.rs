@@ -2,8 +2,8 @@
 
 use airlock_daemon::Daemon;
 use airlock_policy::{
-    network::MAX_RULES, parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs,
-    SandboxSpec, Template,
+    network::{TooManyRules, MAX_RULES},
+    parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs, SandboxSpec, Template,
 };
 use airlock_store::SandboxRow;
 use serde::{Deserialize, Serialize};
@@ -93,8 +93,9 @@ impl NetworkInput {
             ("none", None) => Ok(NetworkPolicy::None),
             ("open", None) => Ok(NetworkPolicy::Open),
             ("allow", Some(rules)) => {
+                // Counted before any is parsed.
                 if rules.len() > MAX_RULES {
-                    return Err(format!("network.rules: at most {MAX_RULES} rules"));
+                    return Err(format!("network.rules: {}", TooManyRules(rules.len())));
                 }
                 NetworkPolicy::allow(rules).map_err(|e| format!("network.rules: {e}"))
             }

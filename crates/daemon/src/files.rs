@@ -10,6 +10,7 @@ use airlock_policy::RunAs;
 use airlock_protocol::{Event, Events, FileInfo, Request, MAX_PAYLOAD_BYTES};
 use airlock_store::Stream;
 use futures_util::{Stream as AsyncStream, StreamExt};
+use serde_json::json;
 
 /// Largest `write_data` frame an upload is sent in.
 const WRITE_FRAME: usize = if MAX_PAYLOAD_BYTES < 1 << 20 {
@@ -17,7 +18,6 @@ const WRITE_FRAME: usize = if MAX_PAYLOAD_BYTES < 1 << 20 {
 } else {
     1 << 20
 };
-use serde_json::json;
 
 fn check_path(path: &str) -> Result<(), DaemonError> {
     if !path.starts_with('/') || path.contains('\0') {

@@ -711,14 +711,11 @@ impl Daemon {
         policy: airlock_policy::NetworkPolicy,
         request_id: &str,
     ) -> Result<airlock_policy::NetworkPolicy, DaemonError> {
-        let row = self.get(key, id)?;
+        self.get(key, id)?;
         let sandbox = self.running(id)?;
-        if policy.rule_count() > airlock_policy::network::MAX_RULES {
-            return Err(DaemonError::BadInput(format!(
-                "a network allowlist may hold at most {} rules",
-                airlock_policy::network::MAX_RULES
-            )));
-        }
+        policy
+            .validate()
+            .map_err(|e| DaemonError::BadInput(e.to_string()))?;
         let before =
             {
                 let egress = sandbox.egress.lock().unwrap_or_else(|p| p.into_inner());
@@ -737,12 +734,13 @@ impl Daemon {
                 }
             };
         // Recorded, so a restarted daemon re-attaches with it.
-        if let Ok(mut spec) = serde_json::from_str::<airlock_policy::SandboxSpec>(&row.spec_json) {
-            spec.network = policy.clone();
-            if let Ok(json) = serde_json::to_string(&spec) {
-                self.with_store(|s| s.set_spec(id, &json))?;
-            }
-        }
+        let spec = airlock_policy::SandboxSpec {
+            network: policy.clone(),
+            ..sandbox.spec.clone()
+        };
+        let json = serde_json::to_string(&spec)
+            .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
+        self.with_store(|s| s.set_spec(id, &json))?;
         self.inner.audit.record(
             Stream::Security,
             "egress.policy_changed",

@@ -56,6 +56,11 @@ use std::net::IpAddr;
 /// small enough that a linear scan per connection stays cheap.
 pub const MAX_RULES: usize = 1024;
 
+/// A policy holding more than [`MAX_RULES`] rules (how many it holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a network allowlist may hold at most {MAX_RULES} rules, got {0}")]
+pub struct TooManyRules(pub usize);
+
 /// Network reach of a sandbox. Serialized tagged by `mode`:
 /// `{"mode":"none"}`, `{"mode":"open"}`,
 /// `{"mode":"allow","rules":["pypi.org","*.pythonhosted.org:443"]}`.
@@ -314,6 +319,14 @@ impl NetworkPolicy {
         match self {
             NetworkPolicy::Allow { rules } => rules.len(),
             _ => 0,
+        }
+    }
+
+    /// Checks the policy's size: at most [`MAX_RULES`] rules.
+    pub fn validate(&self) -> Result<(), TooManyRules> {
+        match self.rule_count() {
+            count if count > MAX_RULES => Err(TooManyRules(count)),
+            _ => Ok(()),
         }
     }
 }

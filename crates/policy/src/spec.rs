@@ -1,6 +1,6 @@
 //! [`SandboxSpec`] and its parts.
 
-use crate::network::{NetworkPolicy, MAX_RULES};
+use crate::network::{NetworkPolicy, TooManyRules};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -229,8 +229,8 @@ pub enum SpecError {
     EnvValue(String),
     #[error("working directory `{0}` must be an absolute path without NUL")]
     Cwd(String),
-    #[error("a network allowlist may hold at most {MAX_RULES} rules, got {0}")]
-    TooManyRules(usize),
+    #[error(transparent)]
+    TooManyRules(#[from] TooManyRules),
 }
 
 /// `PATH` of every process unless the spec's environment sets another.
@@ -297,9 +297,7 @@ impl SandboxSpec {
                 return Err(SpecError::Cwd(cwd.clone()));
             }
         }
-        if self.network.rule_count() > MAX_RULES {
-            return Err(SpecError::TooManyRules(self.network.rule_count()));
-        }
+        self.network.validate()?;
         Ok(())
     }
 }
@@ -368,6 +366,7 @@ pub fn is_normalized_absolute(path: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::network::MAX_RULES;
 
     #[test]
     fn defaults_are_valid_and_closed() {
@@ -486,7 +485,10 @@ mod tests {
             network: NetworkPolicy::allow(&vec!["pypi.org"; MAX_RULES + 1]).unwrap(),
             ..SandboxSpec::default()
         };
-        assert_eq!(spec.validate(), Err(SpecError::TooManyRules(MAX_RULES + 1)));
+        assert_eq!(
+            spec.validate(),
+            Err(SpecError::TooManyRules(TooManyRules(MAX_RULES + 1)))
+        );
     }
 
     #[test]
