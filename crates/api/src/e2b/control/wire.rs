@@ -72,10 +72,12 @@ pub struct NetworkConfig {
 /// - everything denied (`allow_internet_access: false`, or `denyOut`
 ///   holding `0.0.0.0/0` or `::/0`): mode `allow` with the `allowOut`
 ///   rules (`none` when there are none);
-/// - internet on with `allowOut` only: `open` (the rules add nothing);
-/// - internet on and nothing else: `open` when the daemon lets e2b
-///   sandboxes have the internet by default (`serve --e2b-internet open`),
-///   else `none`: airlock denies by default;
+/// - internet on, where the daemon lets e2b sandboxes have the internet by
+///   default (`serve --e2b-internet open`): `open` (`allowOut` adds
+///   nothing to it);
+/// - internet on, where it does not (airlock denies by default): the
+///   `allowOut` rules as an allowlist (`none` when there are none), never
+///   more than the client named;
 /// - any other `denyOut`: refused (400), saying how to write it.
 pub fn network_input(
     allow_internet_access: Option<bool>,
@@ -103,11 +105,10 @@ pub fn network_input(
     }
     let allow = network.allow_out.clone().unwrap_or_default();
     let internet = allow_internet_access.unwrap_or(true) && !deny_all;
-    let (mode, rules) = match (internet, allow.is_empty()) {
+    let (mode, rules) = match (internet && internet_by_default, allow.is_empty()) {
+        (true, _) => ("open", None),
         (false, true) => ("none", None),
         (false, false) => ("allow", Some(allow)),
-        (true, _) if internet_by_default || !allow.is_empty() => ("open", None),
-        (true, _) => ("none", None),
     };
     Ok(NetworkInput {
         mode: mode.into(),
@@ -830,14 +831,23 @@ mod tests {
                 Some(vec!["1.1.1.1".to_owned(), "*.example.com".to_owned()])
             )
         );
-        // allowOut with the internet on adds nothing to open.
+        // allowOut with the internet on adds nothing to open; where the
+        // daemon denies by default, it is all the sandbox gets.
+        assert_eq!(
+            mode(
+                Some(true),
+                serde_json::json!({"allowOut": ["pypi.org"]}),
+                true
+            ),
+            ("open".into(), None)
+        );
         assert_eq!(
             mode(
                 Some(true),
                 serde_json::json!({"allowOut": ["pypi.org"]}),
                 false
             ),
-            ("open".into(), None)
+            ("allow".into(), Some(vec!["pypi.org".to_owned()]))
         );
         let refused = |network: serde_json::Value| {
             let network: NetworkConfig = serde_json::from_value(network).unwrap();
