@@ -38,13 +38,16 @@ def percentile(values, q):
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def start_daemon(airlock):
-    tmp = tempfile.mkdtemp(prefix="airlock-e2b-bench-")
+def start_daemon(airlock, extra=(), tmp=None):
+    """A private daemon on a free port, its data and log under `tmp` (a new
+    directory unless given), with `extra` serve options; (process, tmp,
+    URL, admin key). bench/egress.py uses it too."""
+    tmp = tmp or tempfile.mkdtemp(prefix="airlock-e2b-bench-")
     data = os.path.join(tmp, "data")
     log_path = os.path.join(tmp, "daemon.log")
     log = open(log_path, "wb")
     daemon = subprocess.Popen(
-        [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", data],
+        [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", data, *extra],
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
         env=dict(os.environ, AIRLOCK_LOG="warn"))
     deadline = time.monotonic() + 20

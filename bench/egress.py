@@ -29,7 +29,6 @@ it starts is stopped at the end.
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -38,6 +37,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2b_sdk import start_daemon  # noqa: E402 (one way to start a private daemon)
 
 NS = "al-bench-inet"
 LINK = "al-bench-in"
@@ -80,29 +82,6 @@ def stop_internet(server):
     server.kill()
     server.wait()
     sh(f"ip link del {LINK} 2>/dev/null; ip netns del {NS} 2>/dev/null", check=False)
-
-
-def start_daemon(airlock, root):
-    data = os.path.join(root, "data")
-    log_path = os.path.join(root, "daemon.log")
-    log = open(log_path, "wb")
-    daemon = subprocess.Popen(
-        [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", data,
-         "--egress-host", f"site.test={HOST_IP}"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        env=dict(os.environ, AIRLOCK_LOG="warn"))
-    deadline = time.monotonic() + 20
-    while True:
-        with open(log_path, "rb") as f:
-            m = re.search(rb"serving on (http://[0-9.]+:\d+)", f.read())
-        if m:
-            break
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"the daemon did not start; see {log_path}")
-        time.sleep(0.02)
-    with open(os.path.join(data, "admin.key")) as f:
-        key = f.read().strip()
-    return daemon, m.group(1).decode(), key
 
 
 class Client:
@@ -167,7 +146,8 @@ def main():
     server = start_internet(root, args.mib)
     daemon = None
     try:
-        daemon, url, key = start_daemon(args.airlock, root)
+        daemon, _, url, key = start_daemon(
+            args.airlock, ["--egress-host", f"site.test={HOST_IP}"], root)
         client = Client(url, key)
         allow = {"mode": "allow", "rules": ["site.test"]}
         # The download's raw peer (curl on the host) runs under no CPU

@@ -57,15 +57,7 @@ pub(crate) async fn answer(query: &Message, shared: &Shared) -> Message {
     let name = name.trim_end_matches('.').to_ascii_lowercase();
     let policy = shared.policy();
     if !policy.allows_name(&name) {
-        shared.report(EgressEvent {
-            sandbox: shared.sandbox.clone(),
-            protocol: "dns",
-            destination: name.chars().take(256).collect(),
-            port: 53,
-            allowed: false,
-            reason: policy.name_refusal().code(),
-            rule: None,
-        });
+        shared.refuse("dns", &name, 53, policy.name_refusal().code());
         response.set_response_code(ResponseCode::NXDomain);
         return response;
     }

@@ -98,6 +98,26 @@ impl Shared {
     pub(crate) fn report(&self, event: EgressEvent) {
         (self.events)(event);
     }
+
+    /// Reports a refusal no rule made, with a stable `reason` code; the
+    /// destination (whatever the sandbox sent) is cut to 256 characters.
+    pub(crate) fn refuse(
+        &self,
+        protocol: &'static str,
+        destination: &str,
+        port: u16,
+        reason: &'static str,
+    ) {
+        self.report(EgressEvent {
+            sandbox: self.sandbox.clone(),
+            protocol,
+            destination: destination.chars().take(256).collect(),
+            port,
+            allowed: false,
+            reason,
+            rule: None,
+        });
+    }
 }
 
 /// The egress path of one sandbox; dropping it stops it.

@@ -65,15 +65,7 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
     let host = match canonical_host(&raw) {
         Ok(host) => host,
         Err(_) => {
-            shared.report(EgressEvent {
-                sandbox: shared.sandbox.clone(),
-                protocol: "tcp",
-                destination: raw.chars().take(256).collect(),
-                port,
-                allowed: false,
-                reason: "bad_host",
-                rule: None,
-            });
+            shared.refuse("tcp", &raw, port, "bad_host");
             return;
         }
     };
@@ -176,15 +168,7 @@ async fn explicit(mut inside: TcpStream, shared: &Shared) {
     .await;
     if let Some(Sniffed::Name { host: sni, .. }) = hello {
         if canonical_host(&sni).ok().as_ref() != Some(&host) {
-            shared.report(EgressEvent {
-                sandbox: shared.sandbox.clone(),
-                protocol: "tcp",
-                destination: sni.chars().take(256).collect(),
-                port,
-                allowed: false,
-                reason: "sni_mismatch",
-                rule: None,
-            });
+            shared.refuse("tcp", &sni, port, "sni_mismatch");
             return;
         }
     }
@@ -267,15 +251,7 @@ async fn judge_and_connect(
                 }
                 Err(e) => {
                     tracing::debug!("egress: {e}");
-                    shared.report(EgressEvent {
-                        sandbox: shared.sandbox.clone(),
-                        protocol: "tcp",
-                        destination: label,
-                        port,
-                        allowed: false,
-                        reason: "unresolvable",
-                        rule: None,
-                    });
+                    shared.refuse("tcp", &label, port, "unresolvable");
                     return None;
                 }
             }
