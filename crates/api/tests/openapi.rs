@@ -4,65 +4,17 @@
 //! the same `utoipa-axum` calls; this test guards that wiring.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use airlock_backend::{
-    AdoptError, Backend, CreateError, DestroyError, Instance, Reconciled, Resources, Unavailable,
-    Usage,
-};
-use airlock_daemon::{Config, Daemon};
-use airlock_policy::{SandboxSpec, Tier};
-use airlock_store::Store;
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tower::ServiceExt;
 
-/// A tier that can run nothing: enough to route every request.
-struct NoTier;
-
-#[async_trait::async_trait]
-impl Backend for NoTier {
-    fn tier(&self) -> Tier {
-        Tier::Process
-    }
-    fn probe(&self) -> Result<(), Unavailable> {
-        Ok(())
-    }
-    fn reserve_id(&self, _: &SandboxSpec) -> String {
-        "sbx-1".into()
-    }
-    fn unreserve(&self, _: &str) {}
-    async fn create(&self, _: &str, _: &SandboxSpec) -> Result<Instance, CreateError> {
-        Err(CreateError::BadInput("this test tier runs nothing".into()))
-    }
-    async fn adopt(&self, _: &str, _: &Resources) -> Result<Instance, AdoptError> {
-        Err(AdoptError::Gone)
-    }
-    async fn destroy(&self, _: &str, _: Option<&Resources>) -> Result<(), DestroyError> {
-        Ok(())
-    }
-    fn usage(&self, _: &str) -> Option<Usage> {
-        None
-    }
-    async fn reconcile(&self, _: &HashSet<String>) -> Reconciled {
-        Reconciled::default()
-    }
-    fn leaked(&self, _: &HashSet<String>) -> usize {
-        0
-    }
-}
-
-fn daemon(dir: &std::path::Path) -> (Daemon, String) {
-    let store = Store::open_in_memory().unwrap();
-    let (_, key) = store.create_key("admin", true).unwrap();
-    let daemon = Daemon::new(
-        Config::new(dir.to_owned()),
-        Arc::new(Mutex::new(store)),
-        Arc::new(NoTier),
-    )
-    .unwrap();
-    (daemon, key)
+/// A daemon over a tier that runs nothing: enough to route every request.
+fn daemon(dir: &std::path::Path) -> (airlock_daemon::Daemon, String) {
+    common::daemon(dir, Arc::new(common::CountingTier::default()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

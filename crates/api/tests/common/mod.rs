@@ -1,0 +1,67 @@
+//! A backend that runs nothing, and a daemon over it, for the API's tests
+//! (they exercise routing and input checks, never a sandbox).
+#![allow(clippy::unwrap_used, dead_code)]
+
+use airlock_backend::{
+    AdoptError, Backend, CreateError, DestroyError, Instance, Reconciled, Resources, Unavailable,
+    Usage,
+};
+use airlock_daemon::{Config, Daemon};
+use airlock_policy::{SandboxSpec, Tier};
+use airlock_store::Store;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A tier that counts the creates that reach it and runs nothing.
+#[derive(Default)]
+pub struct CountingTier {
+    pub creates: AtomicUsize,
+    ids: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Backend for CountingTier {
+    fn tier(&self) -> Tier {
+        Tier::Process
+    }
+    fn probe(&self) -> Result<(), Unavailable> {
+        Ok(())
+    }
+    fn reserve_id(&self, _: &SandboxSpec) -> String {
+        format!("sbx-{:016x}", self.ids.fetch_add(1, Ordering::SeqCst))
+    }
+    fn unreserve(&self, _: &str) {}
+    async fn create(&self, _: &str, _: &SandboxSpec) -> Result<Instance, CreateError> {
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        Err(CreateError::BadInput("this test tier runs nothing".into()))
+    }
+    async fn adopt(&self, _: &str, _: &Resources) -> Result<Instance, AdoptError> {
+        Err(AdoptError::Gone)
+    }
+    async fn destroy(&self, _: &str, _: Option<&Resources>) -> Result<(), DestroyError> {
+        Ok(())
+    }
+    fn usage(&self, _: &str) -> Option<Usage> {
+        None
+    }
+    async fn reconcile(&self, _: &HashSet<String>) -> Reconciled {
+        Reconciled::default()
+    }
+    fn leaked(&self, _: &HashSet<String>) -> usize {
+        0
+    }
+}
+
+/// A daemon with its data in `dir` over `tier`, and its admin key.
+pub fn daemon(dir: &std::path::Path, tier: Arc<CountingTier>) -> (Daemon, String) {
+    let store = Store::open_in_memory().unwrap();
+    let (_, key) = store.create_key("admin", true).unwrap();
+    let daemon = Daemon::new(
+        Config::new(dir.to_owned()),
+        Arc::new(Mutex::new(store)),
+        tier,
+    )
+    .unwrap();
+    (daemon, key)
+}
