@@ -80,9 +80,13 @@ pub struct ServeArgs {
     egress_dns: Option<std::net::SocketAddr>,
     /// Network of an e2b sandbox whose create leaves internet access on
     /// (the SDKs' default): `none` (airlock denies by default) or `open`.
-    #[arg(long = "e2b-internet", value_name = "none|open", default_value = "none",
-          value_parser = ["none", "open"])]
-    e2b_internet: String,
+    #[arg(
+        long = "e2b-internet",
+        value_enum,
+        value_name = "none|open",
+        default_value = "none"
+    )]
+    e2b_internet: crate::net_args::NetMode,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -199,7 +203,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.max_upload_bytes = args.max_upload;
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
-    config.e2b_internet = args.e2b_internet == "open";
+    config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
     config.mount_roots = args
         .allow_mount
         .iter()
