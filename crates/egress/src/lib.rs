@@ -24,6 +24,7 @@
 //! attachment can be replaced while it runs; new connections and lookups
 //! see the new one. Dropping the [`Attachment`] stops its tasks; the
 //! namespace and its rules go with the sandbox, so no host state is left.
+#![forbid(unsafe_code)]
 
 pub mod dns;
 pub mod proxy;

@@ -4,7 +4,6 @@ use crate::{EgressEvent, Shared};
 use airlock_egress_parse::{http_host, one_request_only, tls_sni, Sniffed, MAX_SNIFF_BYTES};
 use airlock_policy::{canonical_host, Decision, Destination, Host};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -364,7 +363,7 @@ async fn splice(mut inside: TcpStream, mut upstream: TcpStream, first: Vec<u8>) 
 /// Moving bytes between two sockets with splice(2).
 mod zero_copy {
     use std::io;
-    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::os::fd::{AsFd, OwnedFd};
     use tokio::io::{AsyncWriteExt, Interest};
     use tokio::net::tcp::{ReadHalf, WriteHalf};
 
@@ -389,26 +388,19 @@ mod zero_copy {
         }
     }
 
-    fn splice(from: i32, to: i32, len: usize) -> io::Result<usize> {
-        // SAFETY: both descriptors are open for the whole call (their owners
-        // are borrowed by the caller), null offsets mean "the current
-        // position" as splice(2) requires for sockets and pipes, and no
-        // memory of ours is read or written.
-        let moved = unsafe {
-            libc::splice(
-                from,
-                std::ptr::null_mut(),
-                to,
-                std::ptr::null_mut(),
-                len,
-                libc::SPLICE_F_MOVE | libc::SPLICE_F_NONBLOCK,
-            )
-        };
-        if moved < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(moved as usize)
-        }
+    /// splice(2) from the current positions (sockets and pipes have no
+    /// other), never blocking.
+    fn splice(from: impl AsFd, to: impl AsFd, len: usize) -> io::Result<usize> {
+        use rustix::pipe::SpliceFlags;
+        rustix::pipe::splice(
+            from,
+            None,
+            to,
+            None,
+            len,
+            SpliceFlags::MOVE | SpliceFlags::NONBLOCK,
+        )
+        .map_err(io::Error::from)
     }
 
     /// Moves everything `from` sends to `to`, then shuts `to`'s write side.
@@ -418,7 +410,7 @@ mod zero_copy {
         loop {
             let filled = from_socket
                 .async_io(Interest::READABLE, || {
-                    splice(from_socket.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)
+                    splice(from_socket, &pipe.write, CHUNK)
                 })
                 .await?;
             if filled == 0 {
@@ -427,9 +419,7 @@ mod zero_copy {
             let mut left = filled;
             while left > 0 {
                 let moved = to_socket
-                    .async_io(Interest::WRITABLE, || {
-                        splice(pipe.read.as_raw_fd(), to_socket.as_raw_fd(), left)
-                    })
+                    .async_io(Interest::WRITABLE, || splice(&pipe.read, to_socket, left))
                     .await?;
                 if moved == 0 {
                     return Err(io::ErrorKind::WriteZero.into());
@@ -441,52 +431,13 @@ mod zero_copy {
     }
 }
 
-/// Where a redirected connection was going (`SO_ORIGINAL_DST`).
+/// Where a redirected connection was going (`SO_ORIGINAL_DST`, and its
+/// IPv6 twin for connections accepted on `::1`).
 fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
-    const SO_ORIGINAL_DST: libc::c_int = 80;
-    let fd = stream.as_raw_fd();
+    use rustix::net::sockopt::{ip_original_dst, ipv6_original_dst};
     match stream.local_addr().ok()? {
-        SocketAddr::V4(_) => {
-            // SAFETY: sockaddr_in is plain old data; all-zero is valid.
-            let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-            // SAFETY: `fd` is an open socket owned by `stream` for the whole
-            // call; the kernel writes at most `len` bytes into `addr`, a
-            // valid, writable sockaddr_in, and updates `len`.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_IP,
-                    SO_ORIGINAL_DST,
-                    (&mut addr as *mut libc::sockaddr_in).cast(),
-                    &mut len,
-                )
-            };
-            (rc == 0).then(|| {
-                SocketAddr::from((
-                    u32::from_be(addr.sin_addr.s_addr).to_be_bytes(),
-                    u16::from_be(addr.sin_port),
-                ))
-            })
-        }
-        SocketAddr::V6(_) => {
-            // SAFETY: sockaddr_in6 is plain old data; all-zero is valid.
-            let mut addr: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            let mut len = std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-            // SAFETY: as above, with IP6T_SO_ORIGINAL_DST (also 80) and a
-            // valid, writable sockaddr_in6.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_IPV6,
-                    SO_ORIGINAL_DST,
-                    (&mut addr as *mut libc::sockaddr_in6).cast(),
-                    &mut len,
-                )
-            };
-            (rc == 0)
-                .then(|| SocketAddr::from((addr.sin6_addr.s6_addr, u16::from_be(addr.sin6_port))))
-        }
+        SocketAddr::V4(_) => ip_original_dst(stream).ok().map(SocketAddr::V4),
+        SocketAddr::V6(_) => ipv6_original_dst(stream).ok().map(SocketAddr::V6),
     }
 }
 
