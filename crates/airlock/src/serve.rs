@@ -12,7 +12,7 @@
 use airlock_backend::process::ProcessBackend;
 use airlock_backend::Backend;
 use airlock_core::AdmissionLimits;
-use airlock_daemon::{Config, Daemon};
+use airlock_daemon::{AuditLimits, Config, Daemon};
 use airlock_store::Store;
 use anyhow::{bail, Context};
 use axum::serve::ListenerExt;
@@ -87,6 +87,16 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     e2b_internet: crate::net_args::NetMode,
+    /// Size past which an audit stream file (`<data-dir>/audit/*.jsonl`)
+    /// rotates.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    audit_file_size: u64,
+    /// Rotated files kept per audit stream (`.1` … `.N`; older ones go).
+    #[arg(long, default_value_t = AuditLimits::default().files_kept)]
+    audit_files_kept: u32,
+    /// How long audit events stay queryable in the state database.
+    #[arg(long, default_value = "30d", value_parser = parse_duration)]
+    audit_retention: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -204,6 +214,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
+    config.audit = AuditLimits {
+        file_bytes: args.audit_file_size,
+        files_kept: args.audit_files_kept,
+        retention: args.audit_retention,
+        ..AuditLimits::default()
+    };
     config.mount_roots = args
         .allow_mount
         .iter()

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use audit::Audit;
+pub use audit::{Audit, AuditLimits};
 pub use exec::{Attached, ExitInfo, Output, ProcessHub, ProcessView};
 pub use metrics::Metrics;
 
@@ -71,6 +71,10 @@ pub struct Config {
     /// Whether an e2b create that leaves internet access on (the SDKs'
     /// default) gets mode `open`; otherwise it gets `none`.
     pub e2b_internet: bool,
+    /// What the audit trail may write, whatever floods it.
+    pub audit: audit::AuditLimits,
+    /// What one sandbox's egress path may make the daemon do.
+    pub egress_limits: airlock_egress::EgressLimits,
 }
 
 /// What the machine can give one sandbox at most.
@@ -116,6 +120,8 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             e2b_internet: false,
+            audit: audit::AuditLimits::default(),
+            egress_limits: airlock_egress::EgressLimits::default(),
         }
     }
 }
@@ -325,7 +331,7 @@ fn egress_path(
             );
         }
     });
-    Ok(airlock_egress::Egress::new(resolver, events))
+    Ok(airlock_egress::Egress::new(resolver, events).with_limits(config.egress_limits))
 }
 
 /// The daemon could not start.
@@ -353,7 +359,7 @@ impl Daemon {
         let token_key = tokens::TokenKey::load_or_create(&config.data_dir)
             .map_err(|e| StartError::TokenKey(config.data_dir.clone(), e))?;
         let audit_dir = config.data_dir.join("audit");
-        let audit = Audit::start(&audit_dir, Arc::clone(&store))
+        let audit = Audit::start_with(&audit_dir, Arc::clone(&store), config.audit)
             .map_err(|e| StartError::Audit(audit_dir, e))?;
         let metrics = Metrics::new();
         let egress = egress_path(&config, &audit, &metrics).map_err(StartError::Egress)?;
@@ -479,6 +485,9 @@ impl Daemon {
             .leaked_resources
             .set(self.inner.backend.leaked(&self.recorded_ids()) as i64);
         metrics.audit_dropped.set(self.inner.audit.dropped() as i64);
+        metrics
+            .audit_suppressed
+            .set(self.inner.audit.suppressed() as i64);
         metrics.encode()
     }
 }

@@ -90,6 +90,9 @@ pub struct Metrics {
     pub http_responses: Family<StatusLabel, Counter>,
     /// Audit events dropped because the writer fell behind (set before each scrape).
     pub audit_dropped: Gauge,
+    /// Security events summed into `audit.suppressed` instead of written
+    /// in full (set before each scrape).
+    pub audit_suppressed: Gauge,
     /// Egress connections and lookups, by protocol and decision.
     pub egress: Family<EgressLabel, Counter>,
 }
@@ -115,6 +118,7 @@ impl Metrics {
         let leaked_resources = Gauge::default();
         let http_responses = Family::<StatusLabel, Counter>::default();
         let audit_dropped = Gauge::default();
+        let audit_suppressed = Gauge::default();
         registry.register("sandboxes", "Live sandboxes by state", sandboxes.clone());
         registry.register(
             "sandbox_deaths",
@@ -171,6 +175,11 @@ impl Metrics {
             "Audit events dropped because the writer fell behind",
             audit_dropped.clone(),
         );
+        registry.register(
+            "audit_suppressed_events",
+            "Security events summed into an audit.suppressed summary instead of written in full",
+            audit_suppressed.clone(),
+        );
         let egress = Family::<EgressLabel, Counter>::default();
         registry.register(
             "egress",
@@ -191,6 +200,7 @@ impl Metrics {
             leaked_resources,
             http_responses,
             audit_dropped,
+            audit_suppressed,
             egress,
         }
     }

@@ -24,9 +24,25 @@ pub(crate) async fn serve(socket: UdpSocket, shared: Arc<Shared>) {
         let Ok(query) = Message::from_vec(&buf[..n]) else {
             continue;
         };
+        // Past the sandbox's rate or lookups at once the query is dropped
+        // unanswered (its resolver retries later), so a flood costs neither
+        // tasks nor host lookups nor audit events in proportion to its size.
+        let permit = match shared.dns.enter() {
+            Ok(permit) => permit,
+            Err(refused) => {
+                let name = query
+                    .queries()
+                    .first()
+                    .map(|q| q.name().to_ascii().trim_end_matches('.').to_owned())
+                    .unwrap_or_default();
+                shared.limited("dns", &name, 53, refused);
+                continue;
+            }
+        };
         let socket = Arc::clone(&socket);
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
+            let _permit = permit;
             let answer = answer(&query, &shared).await;
             if let Ok(bytes) = answer.to_vec() {
                 let _ = socket.send_to(&bytes, peer).await;

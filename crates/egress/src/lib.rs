@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod dns;
+pub mod limit;
 pub mod proxy;
 pub mod resolve;
 
@@ -36,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use tokio::task::JoinHandle;
 
+pub use limit::EgressLimits;
 pub use resolve::{resolver, HostsResolver, Resolve, ResolverError, SystemResolver};
 
 /// What the egress path reports.
@@ -78,6 +80,7 @@ pub enum EgressError {
 pub struct Egress {
     resolver: Arc<dyn Resolve>,
     events: Events,
+    limits: EgressLimits,
 }
 
 /// The shared state of one sandbox's egress path.
@@ -86,6 +89,10 @@ pub(crate) struct Shared {
     pub policy: RwLock<NetworkPolicy>,
     pub resolver: Arc<dyn Resolve>,
     pub events: Events,
+    /// DNS queries: rate and lookups at once.
+    pub dns: limit::Gate,
+    /// Proxied connections: rate and open at once.
+    pub connections: limit::Gate,
 }
 
 impl Shared {
@@ -119,6 +126,23 @@ impl Shared {
             rule: None,
         });
     }
+
+    /// Reports a refusal by one of the path's bounds (see [`limit`]).
+    pub(crate) fn limited(
+        &self,
+        protocol: &'static str,
+        destination: &str,
+        port: u16,
+        refused: limit::Refused,
+    ) {
+        if refused.report() {
+            let reason = match refused {
+                limit::Refused::Rate { .. } => "rate_limited",
+                limit::Refused::Busy { .. } => "too_many_at_once",
+            };
+            self.refuse(protocol, destination, port, reason);
+        }
+    }
 }
 
 /// The egress path of one sandbox; dropping it stops it.
@@ -141,6 +165,11 @@ impl Attachment {
         self.shared.policy()
     }
 
+    /// DNS queries and connections the path's bounds refused so far.
+    pub fn refused_by_limits(&self) -> u64 {
+        self.shared.dns.refused() + self.shared.connections.refused()
+    }
+
     /// Replaces the policy; connections and lookups from now on follow it.
     pub fn set_policy(&self, policy: NetworkPolicy) {
         *self
@@ -152,8 +181,19 @@ impl Attachment {
 }
 
 impl Egress {
+    /// An egress path with the default [`EgressLimits`].
     pub fn new(resolver: Arc<dyn Resolve>, events: Events) -> Egress {
-        Egress { resolver, events }
+        Egress {
+            resolver,
+            events,
+            limits: EgressLimits::default(),
+        }
+    }
+
+    /// The same path with other bounds per sandbox.
+    pub fn with_limits(mut self, limits: EgressLimits) -> Egress {
+        self.limits = limits;
+        self
     }
 
     /// Serves the egress path of `sandbox`, whose network namespace is at
@@ -171,6 +211,16 @@ impl Egress {
             policy: RwLock::new(policy),
             resolver: Arc::clone(&self.resolver),
             events: Arc::clone(&self.events),
+            dns: limit::Gate::new(
+                self.limits.dns_per_second,
+                self.limits.dns_burst,
+                self.limits.dns_in_flight,
+            ),
+            connections: limit::Gate::new(
+                self.limits.connections_per_second,
+                self.limits.connections_burst,
+                self.limits.connections_open,
+            ),
         });
         let mut tasks = Vec::new();
         for listener in tcp {

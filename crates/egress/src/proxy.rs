@@ -22,8 +22,24 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        // Past the sandbox's connection rate or count the connection is
+        // closed at once, before anything is read or resolved.
+        let permit = match shared.connections.enter() {
+            Ok(permit) => permit,
+            Err(refused) => {
+                if refused.report() {
+                    let original = original_destination(&stream);
+                    let destination =
+                        original.map_or_else(|| "proxy".into(), |o| o.ip().to_string());
+                    let port = original.map_or(0, |o| o.port());
+                    shared.limited("tcp", &destination, port, refused);
+                }
+                continue;
+            }
+        };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
+            let _permit = permit;
             handle(stream, &shared).await;
         });
     }

@@ -84,6 +84,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, ParseError> {
         "" | "s" => number.checked_mul(1000),
         "m" => number.checked_mul(60_000),
         "h" => number.checked_mul(3_600_000),
+        "d" => number.checked_mul(86_400_000),
         _ => None,
     }
     .ok_or_else(err)?;
@@ -123,6 +124,7 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("30d"), Ok(Duration::from_secs(30 * 86_400)));
         for bad in ["", "s", "-1s", "1d", "1.5s"] {
             assert!(parse_duration(bad).is_err(), "{bad} should not parse");
         }

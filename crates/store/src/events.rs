@@ -38,6 +38,21 @@ impl Store {
         )?)
     }
 
+    /// Removes the events older than `before_ms` and, past `max_rows`, the
+    /// oldest of the rest; returns how many went.
+    pub fn prune_events(&self, before_ms: i64, max_rows: u64) -> Result<usize, StoreError> {
+        let old = self
+            .conn
+            .prepare_cached("DELETE FROM events WHERE at < ?1")?
+            .execute(params![before_ms])?;
+        let max_rows = i64::try_from(max_rows).unwrap_or(i64::MAX);
+        let over = self
+            .conn
+            .prepare_cached("DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?1")?
+            .execute(params![max_rows])?;
+        Ok(old + over)
+    }
+
     /// Up to `limit` (1..=1000) events of one sandbox with a sequence number
     /// above `after_seq`, in order. Page on with the last `seq` returned;
     /// start with 0.

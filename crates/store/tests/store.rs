@@ -967,3 +967,31 @@ fn errors_read_as_sentences() {
         ]
     );
 }
+
+#[test]
+fn pruning_keeps_recent_events_and_at_most_max_rows() {
+    let store = Store::open_in_memory().unwrap();
+    let event = |at: i64| NewEvent {
+        sandbox_id: Some("sbx-1".into()),
+        request_id: None,
+        stream: Stream::Security,
+        kind: "egress.denied".into(),
+        at,
+        detail: json!({}),
+    };
+    for at in 0..100 {
+        store.append_event(&event(at)).unwrap();
+    }
+    // Older than 40 go; of the 60 left, only the newest 25 stay.
+    assert_eq!(store.prune_events(40, 25).unwrap(), 75);
+    let left = store.events_for_sandbox("sbx-1", 0, 1000).unwrap();
+    assert_eq!(
+        left.iter().map(|e| e.at).collect::<Vec<_>>(),
+        (75..100).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        store.prune_events(0, 1000).unwrap(),
+        0,
+        "nothing more to do"
+    );
+}
