@@ -9,13 +9,13 @@
 //! restarting the daemon leaves them running, and the next start adopts
 //! them (see `airlock_daemon::reconcile`).
 
+use airlock_api::server::ServerLimits;
 use airlock_backend::process::ProcessBackend;
 use airlock_backend::Backend;
 use airlock_core::AdmissionLimits;
 use airlock_daemon::{AuditLimits, Config, Daemon};
 use airlock_store::Store;
 use anyhow::{bail, Context};
-use axum::serve::ListenerExt;
 use clap::{Args, Subcommand};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -24,6 +24,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// The descriptor limit the daemon asks for (capped by `fs.nr_open`).
+const DESCRIPTORS_WANTED: u64 = 1 << 20;
 
 /// Where state lives unless `--data-dir` says otherwise: `/var/lib/airlock`
 /// for root, `$XDG_DATA_HOME/airlock` (or `~/.local/share/airlock`) otherwise.
@@ -97,6 +100,17 @@ pub struct ServeArgs {
     /// How long audit events stay queryable in the state database.
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     audit_retention: Duration,
+    /// HTTP connections open at once; past it an idle or unauthenticated
+    /// one makes room, else the new one is refused (503).
+    #[arg(long, default_value_t = ServerLimits::default().max_connections)]
+    max_connections: usize,
+    /// HTTP connections open at once from one address (same rule).
+    #[arg(long, default_value_t = ServerLimits::default().max_per_peer)]
+    max_connections_per_peer: usize,
+    /// Time a client has to send a request head, and a keep-alive
+    /// connection may stay idle.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    header_timeout: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -229,6 +243,27 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
 
+    // Every connection, sandbox channel and egress socket is a descriptor.
+    // The daemon lifts its soft limit to the hard one (and the hard one, if
+    // it may, to DESCRIPTORS_WANTED); half of what it gets is for HTTP
+    // connections, the other half for sandboxes.
+    let descriptors = airlock_api::server::raise_descriptor_limit(DESCRIPTORS_WANTED);
+    let max_connections = args
+        .max_connections
+        .min(usize::try_from(descriptors / 2).unwrap_or(usize::MAX))
+        .max(1);
+    if max_connections < args.max_connections {
+        tracing::warn!(
+            "RLIMIT_NOFILE is {descriptors}: serving at most {max_connections} connections, not {} (raise the limit, e.g. LimitNOFILE= in a systemd unit)",
+            args.max_connections
+        );
+    }
+    let limits = ServerLimits {
+        max_connections,
+        max_per_peer: args.max_connections_per_peer.min(max_connections),
+        header_timeout: args.header_timeout,
+        ..ServerLimits::default()
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -245,22 +280,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         tokio::spawn(daemon.clone().run_reaper());
         daemon.warm();
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
+        let listener = airlock_api::server::listen(args.listen)
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let local = listener.local_addr()?;
-        // Latency is a feature: no Nagle on any accepted connection.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
         eprintln!(
             "airlock: serving on http://{local} (data in {})",
             data_dir.display()
         );
-        axum::serve(listener, airlock_api::router(daemon.clone()))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("the server failed")?;
+        airlock_api::server::serve(listener, daemon.clone(), limits, shutdown_signal()).await;
         daemon.shutdown();
         // The socket directory goes when no sandbox uses it any more.
         let _ = std::fs::remove_dir(

@@ -18,6 +18,7 @@ pub mod e2b;
 pub mod error;
 mod files;
 mod native;
+pub mod server;
 pub mod types;
 
 use airlock_daemon::Daemon;
@@ -37,6 +38,36 @@ use utoipa_axum::routes;
 
 /// Largest JSON body.
 pub const MAX_JSON_BYTES: usize = 1 << 20;
+/// Time a body read whole before authentication (up to
+/// [`MAX_JSON_BYTES`]) may take to arrive: a stranger trickling one must
+/// not hold the connection.
+pub const SMALL_BODY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Why a small body could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SmallBodyError {
+    /// Larger than [`MAX_JSON_BYTES`] (or broken off).
+    TooLarge,
+    /// Not all there within [`SMALL_BODY_DEADLINE`].
+    TooSlow,
+}
+
+/// Reads a body whole, up to [`MAX_JSON_BYTES`] within
+/// [`SMALL_BODY_DEADLINE`].
+pub(crate) async fn read_small_body(
+    body: axum::body::Body,
+) -> Result<bytes::Bytes, SmallBodyError> {
+    match tokio::time::timeout(
+        SMALL_BODY_DEADLINE,
+        axum::body::to_bytes(body, MAX_JSON_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(SmallBodyError::TooLarge),
+        Err(_) => Err(SmallBodyError::TooSlow),
+    }
+}
 
 /// State shared by the handlers.
 #[derive(Clone)]
@@ -202,13 +233,21 @@ async fn read_whole_body(request: Request, next: Next) -> Response {
 /// 413 answer that closes the connection.
 pub(crate) async fn buffered(request: Request) -> Result<Request, Response> {
     let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
+    match read_small_body(body).await {
         Ok(bytes) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
-        Err(_) => Err(closing(
+        Err(SmallBodyError::TooLarge) => Err(closing(
             error::ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "the body is larger than 1 MiB",
+            )
+            .into_response(),
+        )),
+        Err(SmallBodyError::TooSlow) => Err(closing(
+            error::ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the body did not arrive in time",
             )
             .into_response(),
         )),
@@ -240,6 +279,7 @@ async fn authenticate(State(api): State<Api>, mut request: Request, next: Next) 
         Ok(caller) => caller,
         Err(e) => return e.into_response(),
     };
+    server::trust(&request);
     request.extensions_mut().insert(caller.clone());
     let mut response = next.run(request).await;
     response.extensions_mut().insert(caller);

@@ -93,6 +93,12 @@ pub struct Metrics {
     /// Security events summed into `audit.suppressed` instead of written
     /// in full (set before each scrape).
     pub audit_suppressed: Gauge,
+    /// HTTP connections open.
+    pub http_connections: Gauge,
+    /// HTTP connections closed to make room for a new one under a cap.
+    pub http_connections_evicted: Counter,
+    /// HTTP connections turned away because nothing could make room.
+    pub http_connections_refused: Counter,
     /// Egress connections and lookups, by protocol and decision.
     pub egress: Family<EgressLabel, Counter>,
 }
@@ -119,6 +125,24 @@ impl Metrics {
         let http_responses = Family::<StatusLabel, Counter>::default();
         let audit_dropped = Gauge::default();
         let audit_suppressed = Gauge::default();
+        let http_connections = Gauge::default();
+        let http_connections_evicted = Counter::default();
+        let http_connections_refused = Counter::default();
+        registry.register(
+            "http_connections",
+            "HTTP connections open",
+            http_connections.clone(),
+        );
+        registry.register(
+            "http_connections_evicted",
+            "HTTP connections closed to make room for a new one under a cap",
+            http_connections_evicted.clone(),
+        );
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections turned away because no open one could make room",
+            http_connections_refused.clone(),
+        );
         registry.register("sandboxes", "Live sandboxes by state", sandboxes.clone());
         registry.register(
             "sandbox_deaths",
@@ -201,6 +225,9 @@ impl Metrics {
             http_responses,
             audit_dropped,
             audit_suppressed,
+            http_connections,
+            http_connections_evicted,
+            http_connections_refused,
             egress,
         }
     }

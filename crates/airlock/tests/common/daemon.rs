@@ -20,6 +20,8 @@ pub struct TestDaemon {
     _temp: Option<tempfile::TempDir>,
     pub log: Arc<Mutex<String>>,
     extra: Vec<String>,
+    /// A command the daemon runs under (e.g. `prlimit …`), if any.
+    wrapper: Vec<String>,
     agent: ureq::Agent,
 }
 
@@ -72,6 +74,12 @@ fn agent() -> ureq::Agent {
 impl TestDaemon {
     /// Starts a daemon with `extra` flags on a fresh data directory.
     pub fn start(extra: &[&str]) -> TestDaemon {
+        TestDaemon::start_under(&[], extra)
+    }
+
+    /// Starts a daemon with `extra` flags under `wrapper` (a command that
+    /// runs the rest of its command line, such as `prlimit --nofile=N`).
+    pub fn start_under(wrapper: &[&str], extra: &[&str]) -> TestDaemon {
         require_root();
         let temp = tempfile::tempdir().unwrap();
         let data_dir = temp.path().join("data");
@@ -83,6 +91,7 @@ impl TestDaemon {
             _temp: Some(temp),
             log: Arc::default(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
             agent: agent(),
         };
         daemon.launch();
@@ -94,7 +103,15 @@ impl TestDaemon {
     }
 
     fn launch(&mut self) {
-        let mut child = Command::new(binary())
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let mut child = command
             .arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")

@@ -34,7 +34,7 @@ pub mod wire;
 
 use crate::auth::{self, Caller};
 use crate::error::ApiError;
-use crate::{Api, RequestId, MAX_JSON_BYTES};
+use crate::{Api, RequestId};
 use airlock_core::DeadReason;
 use airlock_daemon::sandboxes::NewSandboxRequest;
 use airlock_daemon::DaemonError;
@@ -175,13 +175,22 @@ async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response
     let (parts, body) = request.into_parts();
     // Read whole before any answer, so an early error never leaves a body
     // unread on a keep-alive connection.
-    let bytes = match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
+    let bytes = match crate::read_small_body(body).await {
         Ok(bytes) => bytes,
-        Err(_) => {
+        Err(crate::SmallBodyError::TooLarge) => {
             return crate::closing(
                 E2bError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "the body is larger than 1 MiB",
+                )
+                .into_response(),
+            )
+        }
+        Err(crate::SmallBodyError::TooSlow) => {
+            return crate::closing(
+                E2bError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the body did not arrive in time",
                 )
                 .into_response(),
             )
@@ -199,6 +208,7 @@ async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response
             }
         };
     let mut request = Request::from_parts(parts, axum::body::Body::from(bytes));
+    crate::server::trust(&request);
     request.extensions_mut().insert(caller.clone());
     let mut response = next.run(request).await;
     response.extensions_mut().insert(caller);

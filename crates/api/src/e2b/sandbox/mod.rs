@@ -142,6 +142,7 @@ async fn admit(
     }
     request.extensions_mut().insert(Target { id });
     if let Some(caller) = &caller {
+        crate::server::trust(&request);
         request.extensions_mut().insert(caller.clone());
     }
     let mut response = if port == CODE_INTERPRETER_PORT {
