@@ -67,6 +67,8 @@ fn agent() -> ureq::Agent {
         .http_status_as_error(false)
         .no_delay(true)
         .proxy(None)
+        // A daemon that stops answering fails the test instead of hanging it.
+        .timeout_global(Some(Duration::from_secs(300)))
         .build();
     ureq::Agent::new_with_config(config)
 }
