@@ -399,7 +399,9 @@ async fn a_directory_of_100000_entries_lists_in_pages() {
         let frames = agent.finish(id).await;
         assert_eq!(frames.len(), 1, "a page is one final event");
         let frame = &frames[0];
-        assert!(airlock_protocol::encode(frame).unwrap().len() <= airlock_protocol::MAX_HEADER_BYTES);
+        assert!(
+            airlock_protocol::encode(frame).unwrap().len() <= airlock_protocol::MAX_HEADER_BYTES
+        );
         let Event::EntriesPage { entries, next } = frame.msg.clone() else {
             panic!("{:?}", frame.msg);
         };
@@ -413,7 +415,11 @@ async fn a_directory_of_100000_entries_lists_in_pages() {
         }
     }
     assert!(pages >= 10, "{pages} pages");
-    assert_eq!(paths.len(), 100_002, "every entry once: the files, sub and sub/inner");
+    assert_eq!(
+        paths.len(),
+        100_002,
+        "every entry once: the files, sub and sub/inner"
+    );
     assert!(
         paths.windows(2).all(|pair| pair[0] < pair[1]),
         "sorted across pages, none twice"

@@ -446,7 +446,11 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
     make_100000_files(&daemon, &id);
 
     // The default page, then every page of the most a page may hold.
-    let first = daemon.call("GET", &format!("{base}/files/list?path=/home/user/big"), None);
+    let first = daemon.call(
+        "GET",
+        &format!("{base}/files/list?path=/home/user/big"),
+        None,
+    );
     assert_eq!(first.status, 200, "{}", first.text());
     let first = first.json();
     assert_eq!(first["entries"].as_array().unwrap().len(), 1000);
@@ -466,7 +470,11 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
         let page = page.json();
         let entries = page["entries"].as_array().unwrap();
         assert!(!entries.is_empty() && entries.len() <= 10_000);
-        paths.extend(entries.iter().map(|e| e["path"].as_str().unwrap().to_owned()));
+        paths.extend(
+            entries
+                .iter()
+                .map(|e| e["path"].as_str().unwrap().to_owned()),
+        );
         pages += 1;
         match page["next_cursor"].as_str() {
             Some(next) => cursor = Some(next.to_owned()),
@@ -480,7 +488,10 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
     expected.push("/home/user/big/sub".into());
     expected.push("/home/user/big/sub/inner".into());
     assert_eq!(paths.len(), expected.len());
-    assert!(paths == expected, "every entry once, none twice, in path order");
+    assert!(
+        paths == expected,
+        "every entry once, none twice, in path order"
+    );
 
     // Bad pages are refused and say why.
     for query in [
@@ -495,7 +506,11 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
             &format!("{base}/files/list?path=/home/user/big&{query}"),
             None,
         );
-        assert_eq!((bad.status, bad.code().as_str()), (400, "bad_request"), "{query}");
+        assert_eq!(
+            (bad.status, bad.code().as_str()),
+            (400, "bad_request"),
+            "{query}"
+        );
     }
 
     // The CLI reads every page.
@@ -505,7 +520,11 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
         .env("AIRLOCK_API_KEY", &daemon.key)
         .output()
         .unwrap();
-    assert!(ls.status.success(), "{}", String::from_utf8_lossy(&ls.stderr));
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
     let table = String::from_utf8(ls.stdout).unwrap();
     let rows: Vec<&str> = table.lines().skip(1).collect();
     assert_eq!(rows.len(), 100_001, "the header, then one row per entry");
@@ -513,7 +532,15 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
     assert!(rows[99_999].ends_with("/home/user/big/f099999"));
     assert!(rows[100_000].starts_with("dir") && rows[100_000].ends_with("/home/user/big/sub"));
     let json = std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
-        .args(["files", &id, "ls", "--json", "--depth", "2", "/home/user/big"])
+        .args([
+            "files",
+            &id,
+            "ls",
+            "--json",
+            "--depth",
+            "2",
+            "/home/user/big",
+        ])
         .env("AIRLOCK_URL", &daemon.url)
         .env("AIRLOCK_API_KEY", &daemon.key)
         .output()

@@ -639,8 +639,10 @@ fn list_dir_answers_100000_entries_whole_and_refuses_past_its_cap() {
     assert_eq!(list.status, 200, "{}", list.text());
     let list = list.json();
     let entries = list["entries"].as_array().unwrap();
-    let names: std::collections::BTreeSet<&str> =
-        entries.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let names: std::collections::BTreeSet<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
     assert_eq!(entries.len(), 100_000);
     assert_eq!(names.len(), 100_000, "every name once");
     assert!(names.contains("f000000") && names.contains("f099999"));

@@ -491,7 +491,8 @@ impl Daemon {
                         bytes += entry.path.len()
                             + entry.name.len()
                             + entry.symlink_target.as_ref().map_or(0, String::len);
-                        if bytes > LIST_ALL_MAX_BYTES || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES
+                        if bytes > LIST_ALL_MAX_BYTES
+                            || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES
                         {
                             return Err(too_large());
                         }

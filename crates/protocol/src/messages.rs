@@ -114,7 +114,11 @@ pub enum Request {
     /// `entries_end`. At most `limit` entries are sent; when the tree holds
     /// more, `entries_end` says `truncated`. The agent holds one chunk at a
     /// time. Added after version 1: an agent of version 1 refuses it.
-    ListDirStream { path: String, depth: u32, limit: u64 },
+    ListDirStream {
+        path: String,
+        depth: u32,
+        limit: u64,
+    },
     /// Creates a directory. Answered by `done`; `already_exists` error when it does.
     MakeDir {
         path: String,

@@ -358,8 +358,7 @@ mod tests {
     #[test]
     fn a_listing_is_written_as_entry_infos() {
         let entries = [info(FileKind::File), info(FileKind::Dir)];
-        let written: Value =
-            serde_json::to_value(ListDirResponse { entries: &entries }).unwrap();
+        let written: Value = serde_json::to_value(ListDirResponse { entries: &entries }).unwrap();
         assert_eq!(
             written,
             json!({"entries": [entry(&entries[0]), entry(&entries[1])]})
