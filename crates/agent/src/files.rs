@@ -14,7 +14,7 @@ use crate::failure::Failure;
 use crate::outbox::Outbox;
 use crate::privileges::USER_ID;
 use crate::process::join_path;
-use airlock_protocol::{ErrorKind, Event, FileInfo, FileKind, Identity, MAX_HEADER_BYTES};
+use airlock_protocol::{ErrorKind, Event, FileInfo, FileKind, Identity};
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -22,11 +22,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+mod listing;
+
 /// Largest `file_data` payload.
 pub(crate) const READ_CHUNK: usize = 1 << 20;
 /// `write_data` chunks that may wait for the disk per open write.
 const WRITE_QUEUE: usize = 4;
-/// Entries a listing may collect before it is refused.
+/// Entries a `list_dir` may collect before it is refused.
 const MAX_ENTRIES: usize = 100_000;
 /// Mode of created files and directories unless the request says otherwise.
 const FILE_MODE: u32 = 0o644;
@@ -229,57 +231,6 @@ fn open_for_read(path: &Path) -> Result<File, Failure> {
     Ok(file)
 }
 
-fn list(root: &Path, depth: u32) -> Result<Vec<FileInfo>, Failure> {
-    let shown = root.display();
-    let meta =
-        fs::metadata(root).map_err(|error| Failure::io(format!("cannot list {shown}"), &error))?;
-    if !meta.is_dir() {
-        return Err(Failure::new(
-            ErrorKind::NotADirectory,
-            format!("{shown} is not a directory"),
-        ));
-    }
-    let mut entries = Vec::new();
-    let mut pending = vec![(root.to_path_buf(), 1u32)];
-    while let Some((dir, level)) = pending.pop() {
-        let reader = match fs::read_dir(&dir) {
-            Ok(reader) => reader,
-            Err(error) if dir == root => {
-                return Err(Failure::io(format!("cannot list {shown}"), &error))
-            }
-            // A subdirectory that vanished or cannot be read is skipped.
-            Err(_) => continue,
-        };
-        for entry in reader.flatten() {
-            let path = entry.path();
-            let Ok(meta) = fs::symlink_metadata(&path) else {
-                continue;
-            };
-            // Symlinks are listed, never followed.
-            if meta.is_dir() && level < depth {
-                pending.push((path.clone(), level + 1));
-            }
-            entries.push(file_info(&path, &meta));
-            if entries.len() > MAX_ENTRIES {
-                return Err(Failure::invalid(format!(
-                    "{shown} holds more than {MAX_ENTRIES} entries to depth {depth}; \
-                     list with a smaller depth"
-                )));
-            }
-        }
-    }
-    entries.sort_by(|a, b| a.path.cmp(&b.path));
-    let encoded = serde_json::to_vec(&entries).map_or(usize::MAX, |bytes| bytes.len());
-    if encoded > MAX_HEADER_BYTES - 4096 {
-        return Err(Failure::invalid(format!(
-            "the listing of {shown} ({} entries) is too large for one answer; \
-             list with a smaller depth or a deeper path",
-            entries.len()
-        )));
-    }
-    Ok(entries)
-}
-
 fn make_dir(path: &Path, parents: bool, mode: Option<u32>, chown: bool) -> Result<(), Failure> {
     let shown = path.display();
     if fs::symlink_metadata(path).is_ok() {
@@ -373,7 +324,79 @@ impl Files {
             ));
         }
         let path = self.resolve(path)?;
-        blocking(move || list(&path, depth).map(|entries| Event::Entries { entries })).await
+        blocking(move || {
+            listing::all(&path, depth, MAX_ENTRIES).map(|entries| Event::Entries { entries })
+        })
+        .await
+    }
+
+    /// Handles `list_dir_page`.
+    pub(crate) async fn list_dir_page(
+        &self,
+        path: &str,
+        depth: u32,
+        after: Option<String>,
+        limit: u32,
+    ) -> Result<Event, Failure> {
+        listing::check_depth(depth)?;
+        let path = self.resolve(path)?;
+        blocking(move || {
+            listing::page(&path, depth, after.as_deref(), limit).map(|page| Event::EntriesPage {
+                entries: page.entries,
+                next: page.next,
+            })
+        })
+        .await
+    }
+
+    /// Handles `list_dir_stream`: sends `entries_chunk`s on `id` and
+    /// returns the final `entries_end`. Each chunk is walked on its own
+    /// blocking call, and the next only once the chunk is queued, so the
+    /// agent holds one chunk however large the tree.
+    pub(crate) async fn list_dir_stream(
+        &self,
+        outbox: &Outbox,
+        id: u64,
+        path: &str,
+        depth: u32,
+        limit: u64,
+    ) -> Result<Event, Failure> {
+        listing::check_depth(depth)?;
+        let path = self.resolve(path)?;
+        let mut walk = blocking(move || listing::Walk::start(&path, depth)).await?;
+        let mut count: u64 = 0;
+        loop {
+            let allowed = limit - count;
+            let (back, chunk) = blocking(move || {
+                let chunk = walk.chunk(allowed);
+                Ok((walk, chunk))
+            })
+            .await?;
+            walk = back;
+            count += chunk.entries.len() as u64;
+            if !chunk.entries.is_empty()
+                && !outbox
+                    .send(
+                        id,
+                        Event::EntriesChunk {
+                            entries: chunk.entries,
+                        },
+                    )
+                    .await
+            {
+                // The host left: nobody to answer.
+                return Ok(Event::EntriesEnd {
+                    count,
+                    truncated: false,
+                });
+            }
+            if chunk.ended {
+                return Ok(Event::EntriesEnd {
+                    count,
+                    truncated: chunk.truncated,
+                });
+            }
+        }
     }
 
     /// Handles `make_dir`.

@@ -283,6 +283,23 @@ impl Session {
             Request::ListDir { path, depth } => self.file_task(id, move |files| async move {
                 files.list_dir(&path, depth).await
             }),
+            Request::ListDirPage {
+                path,
+                depth,
+                after,
+                limit,
+            } => self.file_task(id, move |files| async move {
+                files.list_dir_page(&path, depth, after, limit).await
+            }),
+            Request::ListDirStream { path, depth, limit } => {
+                let (files, outbox) = (self.files.clone(), self.outbox.clone());
+                tokio::spawn(async move {
+                    let answer = files
+                        .list_dir_stream(&outbox, id, &path, depth, limit)
+                        .await;
+                    outbox.answer(id, answer).await;
+                });
+            }
             Request::MakeDir {
                 path,
                 parents,

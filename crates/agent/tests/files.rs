@@ -359,6 +359,176 @@ async fn list_dir_by_depth() {
     agent.close().await.unwrap();
 }
 
+/// A directory of `n` empty files `f000000`… under the home.
+fn many_files(agent: &Agent, dir: &str, n: usize) -> std::path::PathBuf {
+    let dir = agent.home().join(dir);
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..n {
+        std::fs::File::create(dir.join(format!("f{i:06}"))).unwrap();
+    }
+    dir
+}
+
+#[tokio::test]
+async fn a_directory_of_100000_entries_lists_in_pages() {
+    let mut agent = Agent::start();
+    let dir = many_files(&agent, "big", 100_000);
+    std::fs::create_dir(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/inner"), b"x").unwrap();
+    // One answer cannot hold it.
+    let whole = agent
+        .call(Request::ListDir {
+            path: "big".to_owned(),
+            depth: 1,
+        })
+        .await;
+    assert_eq!(error_kind(whole), ErrorKind::InvalidArgument);
+
+    let mut paths: Vec<String> = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let id = agent
+            .send(Request::ListDirPage {
+                path: "big".to_owned(),
+                depth: 2,
+                after: after.clone(),
+                limit: airlock_protocol::MAX_LIST_PAGE,
+            })
+            .await;
+        let frames = agent.finish(id).await;
+        assert_eq!(frames.len(), 1, "a page is one final event");
+        let frame = &frames[0];
+        assert!(
+            airlock_protocol::encode(frame).unwrap().len() <= airlock_protocol::MAX_HEADER_BYTES
+        );
+        let Event::EntriesPage { entries, next } = frame.msg.clone() else {
+            panic!("{:?}", frame.msg);
+        };
+        assert!(!entries.is_empty());
+        assert!(entries.len() <= airlock_protocol::MAX_LIST_PAGE as usize);
+        paths.extend(entries.into_iter().map(|e| e.path));
+        pages += 1;
+        match next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert!(pages >= 10, "{pages} pages");
+    assert_eq!(
+        paths.len(),
+        100_002,
+        "every entry once: the files, sub and sub/inner"
+    );
+    assert!(
+        paths.windows(2).all(|pair| pair[0] < pair[1]),
+        "sorted across pages, none twice"
+    );
+    let big = dir.to_str().unwrap();
+    assert_eq!(paths[0], format!("{big}/f000000"));
+    assert_eq!(paths[99_999], format!("{big}/f099999"));
+    assert_eq!(paths[100_001], format!("{big}/sub/inner"));
+
+    // Bad pages change nothing and say why.
+    for (depth, after, limit) in [
+        (1, Some("not a token!".to_owned()), 10),
+        (1, None, 0),
+        (0, None, 10),
+        (33, None, 10),
+    ] {
+        let event = agent
+            .call(Request::ListDirPage {
+                path: "big".to_owned(),
+                depth,
+                after,
+                limit,
+            })
+            .await;
+        assert_eq!(error_kind(event), ErrorKind::InvalidArgument);
+    }
+    let missing = agent
+        .call(Request::ListDirPage {
+            path: "nowhere".to_owned(),
+            depth: 1,
+            after: None,
+            limit: 10,
+        })
+        .await;
+    assert_eq!(error_kind(missing), ErrorKind::NotFound);
+    agent.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_directory_of_100000_entries_lists_as_a_stream() {
+    let mut agent = Agent::start();
+    let dir = many_files(&agent, "big", 100_000);
+    let id = agent
+        .send(Request::ListDirStream {
+            path: "big".to_owned(),
+            depth: 1,
+            limit: 1_000_000,
+        })
+        .await;
+    let mut names = std::collections::HashSet::new();
+    let mut chunks = 0;
+    let end = loop {
+        let frame = agent.next(id).await;
+        match frame.msg {
+            Event::EntriesChunk { ref entries } => {
+                // Each chunk is small: the agent holds one at a time.
+                assert!(airlock_protocol::encode(&frame).unwrap().len() <= 512 << 10);
+                for entry in entries {
+                    assert!(names.insert(entry.name.clone()), "{} twice", entry.name);
+                }
+                chunks += 1;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(
+        end,
+        Event::EntriesEnd {
+            count: 100_000,
+            truncated: false
+        }
+    );
+    assert_eq!(names.len(), 100_000);
+    assert!(chunks >= 10, "{chunks} chunks");
+
+    // A limit stops the walk and says there is more.
+    let id = agent
+        .send(Request::ListDirStream {
+            path: dir.to_str().unwrap().to_owned(),
+            depth: 1,
+            limit: 4321,
+        })
+        .await;
+    let mut count = 0;
+    let end = loop {
+        match agent.next(id).await.msg {
+            Event::EntriesChunk { entries } => count += entries.len(),
+            other => break other,
+        }
+    };
+    assert_eq!(count, 4321);
+    assert_eq!(
+        end,
+        Event::EntriesEnd {
+            count: 4321,
+            truncated: true
+        }
+    );
+    let not_dir = agent
+        .call(Request::ListDirStream {
+            path: "big/f000001".to_owned(),
+            depth: 1,
+            limit: 10,
+        })
+        .await;
+    assert_eq!(error_kind(not_dir), ErrorKind::NotADirectory);
+    agent.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn make_dir_remove_and_rename() {
     let mut agent = Agent::start();

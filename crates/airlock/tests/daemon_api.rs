@@ -422,6 +422,134 @@ fn raw_request(url: &str, head: &str) -> String {
     String::from_utf8_lossy(&buffer[..n]).into_owned()
 }
 
+/// Makes `/home/user/big` hold `f000000` … `f099999` and `sub/inner`.
+fn make_100000_files(daemon: &TestDaemon, id: &str) {
+    let (out, code) = daemon.sh_out(
+        id,
+        "python3 -c \"import os\n\
+         os.makedirs('/home/user/big/sub')\n\
+         open('/home/user/big/sub/inner', 'w').close()\n\
+         for i in range(100000): open('/home/user/big/f%06d' % i, 'w').close()\n\
+         print(len(os.listdir('/home/user/big')))\"",
+    );
+    assert_eq!((out.as_str(), code), ("100001\n", 0));
+}
+
+#[test]
+fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
+    let daemon = TestDaemon::start(&[]);
+    let id = id_of(&daemon.create(json!({
+        "limits": {"memory": "1G", "disk": "256M"},
+        "timeout_s": 600
+    })));
+    let base = format!("/v1/sandboxes/{id}");
+    make_100000_files(&daemon, &id);
+
+    // The default page, then every page of the most a page may hold.
+    let first = daemon.call(
+        "GET",
+        &format!("{base}/files/list?path=/home/user/big"),
+        None,
+    );
+    assert_eq!(first.status, 200, "{}", first.text());
+    let first = first.json();
+    assert_eq!(first["entries"].as_array().unwrap().len(), 1000);
+    assert_eq!(first["entries"][0]["path"], "/home/user/big/f000000");
+    assert!(first["next_cursor"].is_string());
+
+    let mut paths: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = format!("{base}/files/list?path=/home/user/big&depth=2&limit=10000");
+        if let Some(cursor) = &cursor {
+            url.push_str(&format!("&cursor={cursor}"));
+        }
+        let page = daemon.call("GET", &url, None);
+        assert_eq!(page.status, 200, "{}", page.text());
+        let page = page.json();
+        let entries = page["entries"].as_array().unwrap();
+        assert!(!entries.is_empty() && entries.len() <= 10_000);
+        paths.extend(
+            entries
+                .iter()
+                .map(|e| e["path"].as_str().unwrap().to_owned()),
+        );
+        pages += 1;
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert!(pages >= 10, "{pages} pages");
+    let mut expected: Vec<String> = (0..100_000)
+        .map(|i| format!("/home/user/big/f{i:06}"))
+        .collect();
+    expected.push("/home/user/big/sub".into());
+    expected.push("/home/user/big/sub/inner".into());
+    assert_eq!(paths.len(), expected.len());
+    assert!(
+        paths == expected,
+        "every entry once, none twice, in path order"
+    );
+
+    // Bad pages are refused and say why.
+    for query in [
+        "limit=0",
+        "limit=10001",
+        "cursor=not*a*cursor",
+        "cursor=AAAA",
+        "depth=33",
+    ] {
+        let bad = daemon.call(
+            "GET",
+            &format!("{base}/files/list?path=/home/user/big&{query}"),
+            None,
+        );
+        assert_eq!(
+            (bad.status, bad.code().as_str()),
+            (400, "bad_request"),
+            "{query}"
+        );
+    }
+
+    // The CLI reads every page.
+    let ls = std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(["files", &id, "ls", "/home/user/big"])
+        .env("AIRLOCK_URL", &daemon.url)
+        .env("AIRLOCK_API_KEY", &daemon.key)
+        .output()
+        .unwrap();
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    let table = String::from_utf8(ls.stdout).unwrap();
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 100_001, "the header, then one row per entry");
+    assert!(rows[0].ends_with("/home/user/big/f000000"), "{}", rows[0]);
+    assert!(rows[99_999].ends_with("/home/user/big/f099999"));
+    assert!(rows[100_000].starts_with("dir") && rows[100_000].ends_with("/home/user/big/sub"));
+    let json = std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args([
+            "files",
+            &id,
+            "ls",
+            "--json",
+            "--depth",
+            "2",
+            "/home/user/big",
+        ])
+        .env("AIRLOCK_URL", &daemon.url)
+        .env("AIRLOCK_API_KEY", &daemon.key)
+        .output()
+        .unwrap();
+    assert!(json.status.success());
+    let listed: Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(listed["entries"].as_array().unwrap().len(), 100_002);
+}
+
 #[test]
 fn watches_stream_changes_until_the_client_leaves() {
     let daemon = TestDaemon::start(&[]);

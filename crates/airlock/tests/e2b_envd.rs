@@ -55,7 +55,12 @@ fn unb64(text: &str) -> String {
 
 impl<'a> Sandbox<'a> {
     fn new(daemon: &'a TestDaemon) -> Sandbox<'a> {
-        let created = daemon.create(json!({"timeout_s": 120}));
+        Sandbox::with(daemon, json!({"timeout_s": 120}))
+    }
+
+    /// A sandbox created from `body`.
+    fn with(daemon: &'a TestDaemon, body: Value) -> Sandbox<'a> {
+        let created = daemon.create(body);
         Sandbox {
             daemon,
             id: created["id"].as_str().unwrap().to_owned(),
@@ -609,6 +614,58 @@ fn the_filesystem_round_trips_and_watches() {
         frames.last().unwrap().1["error"]["code"],
         "deadline_exceeded"
     );
+}
+
+#[test]
+fn list_dir_answers_100000_entries_whole_and_refuses_past_its_cap() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::with(
+        &daemon,
+        json!({"timeout_s": 600, "limits": {"memory": "1G", "disk": "256M"}}),
+    );
+    let make = |dir: &str| {
+        let (out, _, end) = sbx.run(&format!(
+            "python3 -c \"import os\n\
+             os.makedirs('{dir}')\n\
+             for i in range(100000): open('{dir}/f%06d' % i, 'w').close()\""
+        ));
+        assert_eq!(end["status"], "exit status 0", "{out} {end}");
+    };
+    make("/home/user/big/a");
+    let list = sbx.unary(
+        "filesystem.Filesystem/ListDir",
+        json!({"path": "/home/user/big/a", "depth": 1}),
+    );
+    assert_eq!(list.status, 200, "{}", list.text());
+    let list = list.json();
+    let entries = list["entries"].as_array().unwrap();
+    let names: std::collections::BTreeSet<&str> = entries
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(entries.len(), 100_000);
+    assert_eq!(names.len(), 100_000, "every name once");
+    assert!(names.contains("f000000") && names.contains("f099999"));
+    assert_eq!(entries[0]["type"], "FILE_TYPE_FILE");
+    assert_eq!(entries[0]["size"], "0");
+
+    // Past the cap (200,000 entries) the answer is a clear error.
+    make("/home/user/big/b");
+    make("/home/user/big/c");
+    let over = sbx.unary(
+        "filesystem.Filesystem/ListDir",
+        json!({"path": "/home/user/big", "depth": 2}),
+    );
+    assert_eq!(
+        (over.status, over.code().as_str()),
+        (429, "resource_exhausted"),
+        "{}",
+        over.text()
+    );
+    assert!(over.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("more than 200000 entries"));
 }
 
 #[test]

@@ -163,12 +163,12 @@ pub async fn stat(
     Ok(Json(api.daemon.stat(&id, &params.path).await?.into()))
 }
 
-/// Lists a directory to `depth` levels.
+/// Lists a directory to `depth` levels, one page at a time, sorted by path.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ListDirParams),
     responses(
-        (status = 200, description = "Entries", body = Entries),
-        (status = 400, description = "Not a directory or bad depth", body = ErrorBody),
+        (status = 200, description = "A page of entries", body = Entries),
+        (status = 400, description = "Not a directory, or a bad depth, limit or cursor", body = ErrorBody),
         (status = 404, description = "No such sandbox or path", body = ErrorBody),
     ))]
 pub async fn list_dir(
@@ -179,12 +179,21 @@ pub async fn list_dir(
 ) -> Result<Json<Entries>> {
     caller.may_use(&api.daemon, &id)?;
     let params = query(params)?;
-    let entries = api
+    let page = api
         .daemon
-        .list_dir(&id, &params.path, params.depth.unwrap_or(1))
+        .list_dir_page(
+            &id,
+            &params.path,
+            params.depth.unwrap_or(1),
+            params.cursor.as_deref(),
+            params
+                .limit
+                .unwrap_or(airlock_daemon::files::LIST_PAGE_DEFAULT),
+        )
         .await?;
     Ok(Json(Entries {
-        entries: entries.into_iter().map(Into::into).collect(),
+        entries: page.entries.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
     }))
 }
 

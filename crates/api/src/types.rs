@@ -546,6 +546,12 @@ pub struct ListDirParams {
     pub path: String,
     /// Levels to descend, 1 to 32 (default 1).
     pub depth: Option<u32>,
+    /// Most entries in the page, 1 to 10000 (default 1000); a page may
+    /// hold fewer (when its entries' metadata is large).
+    #[param(minimum = 1, maximum = 10000)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page; absent for the first.
+    pub cursor: Option<String>,
 }
 
 /// Metadata of a path.
@@ -584,10 +590,12 @@ impl From<airlock_protocol::FileInfo> for FileView {
     }
 }
 
-/// `GET …/files/list`.
+/// `GET …/files/list`: one page, sorted by path.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Entries {
     pub entries: Vec<FileView>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// Answer of an upload.

@@ -7,7 +7,9 @@
 
 use crate::{closed, identity, unexpected, Daemon, DaemonError};
 use airlock_policy::RunAs;
-use airlock_protocol::{Event, Events, FileInfo, Request, MAX_PAYLOAD_BYTES};
+use airlock_protocol::{
+    Event, Events, FileInfo, Request, MAX_LIST_DEPTH, MAX_LIST_PAGE, MAX_PAYLOAD_BYTES,
+};
 use airlock_store::Stream;
 use futures_util::{Stream as AsyncStream, StreamExt};
 use serde_json::json;
@@ -18,6 +20,38 @@ const WRITE_FRAME: usize = if MAX_PAYLOAD_BYTES < 1 << 20 {
 } else {
     1 << 20
 };
+
+/// Entries of a page of [`Daemon::list_dir_page`] unless asked otherwise.
+pub const LIST_PAGE_DEFAULT: u32 = 1000;
+/// Most entries of a page of [`Daemon::list_dir_page`].
+pub const LIST_PAGE_MAX: u32 = MAX_LIST_PAGE;
+/// Most entries [`Daemon::list_dir_all`] assembles.
+pub const LIST_ALL_MAX_ENTRIES: u64 = 200_000;
+/// Most bytes of paths, names and link targets [`Daemon::list_dir_all`]
+/// assembles (what it holds is a small multiple of this).
+pub const LIST_ALL_MAX_BYTES: usize = 64 << 20;
+/// Longest cursor of a listing: the agent's resume token for a path of
+/// PATH_MAX bytes, in base64.
+const MAX_CURSOR: usize = 6000;
+
+/// A page of a listing.
+#[derive(Debug)]
+pub struct DirPage {
+    /// Sorted by path.
+    pub entries: Vec<FileInfo>,
+    /// The cursor of the next page; `None` on the last.
+    pub next_cursor: Option<String>,
+}
+
+fn check_depth(depth: u32) -> Result<(), DaemonError> {
+    if (1..=MAX_LIST_DEPTH).contains(&depth) {
+        Ok(())
+    } else {
+        Err(DaemonError::BadInput(format!(
+            "depth must be between 1 and {MAX_LIST_DEPTH}"
+        )))
+    }
+}
 
 fn check_path(path: &str) -> Result<(), DaemonError> {
     if !path.starts_with('/') || path.contains('\0') {
@@ -333,7 +367,10 @@ impl Daemon {
         }
     }
 
-    /// The entries under `path`, `depth` levels down (1 = children).
+    /// The entries under `path`, `depth` levels down (1 = children), in
+    /// one agent answer: what an agent of protocol version 1 can do (about
+    /// 6,000 entries fit). [`Daemon::list_dir_page`] and
+    /// [`Daemon::list_dir_all`] list any size from later agents.
     pub async fn list_dir(
         &self,
         id: &str,
@@ -341,11 +378,7 @@ impl Daemon {
         depth: u32,
     ) -> Result<Vec<FileInfo>, DaemonError> {
         check_path(path)?;
-        if !(1..=32).contains(&depth) {
-            return Err(DaemonError::BadInput(
-                "depth must be between 1 and 32".into(),
-            ));
-        }
+        check_depth(depth)?;
         match self
             .final_answer(
                 id,
@@ -360,6 +393,126 @@ impl Daemon {
             Event::Entries { entries } => Ok(entries),
             other => Err(unexpected(&other)),
         }
+    }
+
+    /// One page of the entries under `path`, `depth` levels down (1 =
+    /// children), sorted by path: at most `limit` entries (fewer when their
+    /// metadata would not fit one agent frame) after `cursor`, the
+    /// `next_cursor` of the page before (`None` for the first). The daemon
+    /// holds this one page; the agent walks the tree again for each.
+    pub async fn list_dir_page(
+        &self,
+        id: &str,
+        path: &str,
+        depth: u32,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<DirPage, DaemonError> {
+        check_path(path)?;
+        check_depth(depth)?;
+        if !(1..=MAX_LIST_PAGE).contains(&limit) {
+            return Err(DaemonError::BadInput(format!(
+                "limit must be between 1 and {MAX_LIST_PAGE}"
+            )));
+        }
+        if let Some(cursor) = cursor {
+            let valid = !cursor.is_empty()
+                && cursor.len() <= MAX_CURSOR
+                && cursor
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !valid {
+                return Err(DaemonError::BadInput("the cursor is not valid".into()));
+            }
+        }
+        match self
+            .final_answer(
+                id,
+                Request::ListDirPage {
+                    path: path.to_owned(),
+                    depth,
+                    after: cursor.map(str::to_owned),
+                    limit,
+                },
+                Vec::new(),
+            )
+            .await?
+        {
+            Event::EntriesPage { entries, next } => Ok(DirPage {
+                entries,
+                next_cursor: next,
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Every entry under `path`, `depth` levels down, sorted by path,
+    /// assembled from the agent's stream in one walk: at most
+    /// [`LIST_ALL_MAX_ENTRIES`] entries and [`LIST_ALL_MAX_BYTES`] of
+    /// paths, names and link targets, `TooLarge` past either (for dialects
+    /// such as e2b's that have no pages).
+    pub async fn list_dir_all(
+        &self,
+        id: &str,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<FileInfo>, DaemonError> {
+        check_path(path)?;
+        check_depth(depth)?;
+        let too_large = || {
+            DaemonError::TooLarge(format!(
+                "{path} holds more than {LIST_ALL_MAX_ENTRIES} entries (or \
+                 {} MiB of names) to depth {depth}; list a deeper path or with \
+                 a smaller depth",
+                LIST_ALL_MAX_BYTES >> 20
+            ))
+        };
+        let sandbox = self.running(id)?;
+        let mut events = sandbox
+            .agent()
+            .request(Request::ListDirStream {
+                path: path.to_owned(),
+                depth,
+                limit: LIST_ALL_MAX_ENTRIES,
+            })
+            .await
+            .map_err(closed(id))?;
+        let mut entries: Vec<FileInfo> = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            let frame = events
+                .next()
+                .await
+                .map_err(closed(id))?
+                .ok_or_else(|| DaemonError::NotRunning(id.to_owned()))?;
+            match frame.msg {
+                Event::EntriesChunk { entries: chunk } => {
+                    for entry in chunk {
+                        bytes += entry.path.len()
+                            + entry.name.len()
+                            + entry.symlink_target.as_ref().map_or(0, String::len);
+                        if bytes > LIST_ALL_MAX_BYTES
+                            || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES
+                        {
+                            return Err(too_large());
+                        }
+                        entries.push(entry);
+                    }
+                }
+                Event::EntriesEnd { truncated, .. } => {
+                    if truncated {
+                        return Err(too_large());
+                    }
+                    break;
+                }
+                Event::Error { kind, message } => {
+                    return Err(DaemonError::from_agent(kind, message))
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+        entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        Ok(entries)
     }
 
     /// Creates a directory (and its parents with `parents`).

@@ -25,6 +25,13 @@ pub struct ProcessLimits {
     pub fsize_bytes: u64,
 }
 
+/// Deepest listing `list_dir_page` and `list_dir_stream` walk.
+pub const MAX_LIST_DEPTH: u32 = 32;
+/// Most entries one `list_dir_page` answers.
+pub const MAX_LIST_PAGE: u32 = 10_000;
+/// Most entries a `list_dir_page` walks to find its page.
+pub const MAX_LIST_WALK: u64 = 1_000_000;
+
 /// Host → agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -80,8 +87,38 @@ pub enum Request {
     WriteEnd,
     /// Answered by a final `stat`.
     Stat { path: String },
-    /// Lists a directory to `depth` levels (1 = direct children). Answered by `entries`.
+    /// Lists a directory to `depth` levels (1 = direct children). Answered by
+    /// `entries`, which must fit one frame: a large directory is refused.
+    /// [`Request::ListDirPage`] and [`Request::ListDirStream`] list any size.
     ListDir { path: String, depth: u32 },
+    /// One page of the listing of a directory to `depth` levels (1 to
+    /// [`MAX_LIST_DEPTH`]), in the byte order of the entries' paths.
+    /// Answered by a final `entries_page`: the first entries whose paths
+    /// come after `after` (the `next` of the previous page; absent for the
+    /// first), at most `limit` (1 to [`MAX_LIST_PAGE`]) and fewer when
+    /// their metadata would not fit one frame; `next` is absent on the last
+    /// page. Each page walks the whole tree again, holding only the page:
+    /// `invalid_argument` past [`MAX_LIST_WALK`] entries. Symlinks are
+    /// listed, never followed (a symlink named by `path` itself is).
+    /// Added after version 1: an agent of version 1 refuses it.
+    ListDirPage {
+        path: String,
+        depth: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
+        limit: u32,
+    },
+    /// The whole listing of a directory to `depth` levels (1 to
+    /// [`MAX_LIST_DEPTH`]) in one walk, in no particular order: non-final
+    /// `entries_chunk`s (each well under one frame), then a final
+    /// `entries_end`. At most `limit` entries are sent; when the tree holds
+    /// more, `entries_end` says `truncated`. The agent holds one chunk at a
+    /// time. Added after version 1: an agent of version 1 refuses it.
+    ListDirStream {
+        path: String,
+        depth: u32,
+        limit: u64,
+    },
     /// Creates a directory. Answered by `done`; `already_exists` error when it does.
     MakeDir {
         path: String,
@@ -215,6 +252,18 @@ pub enum Event {
     Stat(FileInfo),
     /// Answer to `list_dir` (final).
     Entries { entries: Vec<FileInfo> },
+    /// Answer to `list_dir_page` (final): the page, sorted by path, and the
+    /// `after` of the next page, absent on the last.
+    EntriesPage {
+        entries: Vec<FileInfo>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
+    },
+    /// Entries of a `list_dir_stream` (not final).
+    EntriesChunk { entries: Vec<FileInfo> },
+    /// The end of a `list_dir_stream` (final): how many entries were sent,
+    /// and whether the tree holds more than the request's `limit`.
+    EntriesEnd { count: u64, truncated: bool },
     /// A request without a result succeeded (final).
     Done,
     /// A request failed (final).
@@ -242,6 +291,7 @@ impl Event {
                 | Event::Stderr
                 | Event::Pty
                 | Event::FileData
+                | Event::EntriesChunk { .. }
                 | Event::Keepalive
                 | Event::FsEvent { .. }
         )

@@ -326,20 +326,18 @@ fn path_cell(stat: &Value) -> String {
     }
 }
 
-fn ls_table(entries: &[Value]) -> Table {
-    let mut sorted: Vec<&Value> = entries.iter().collect();
-    sorted.sort_by_key(|entry| cell(entry.get("path")));
-    let mut table = Table::new(&["KIND", "MODE", "SIZE", "MTIME", "PATH"]);
-    for entry in sorted {
-        table.push(vec![
-            cell(entry.get("kind")),
-            mode_cell(entry),
-            cell(entry.get("size")),
-            mtime_cell(entry),
-            path_cell(entry),
-        ]);
-    }
-    table
+fn ls_header() -> Table {
+    Table::new(&["KIND", "MODE", "SIZE", "MTIME", "PATH"])
+}
+
+fn ls_row(entry: &Value) -> Vec<String> {
+    vec![
+        cell(entry.get("kind")),
+        mode_cell(entry),
+        cell(entry.get("size")),
+        mtime_cell(entry),
+        path_cell(entry),
+    ]
 }
 
 fn stat_text(stat: &Value) -> String {
@@ -366,6 +364,40 @@ fn watch_line(event: &Value) -> String {
     format!("{} {}", cell(event.get("type")), cell(event.get("path")))
 }
 
+/// Entries of a listing's pages the CLI asks for at once (the API's most).
+const LIST_PAGE: &str = "10000";
+
+/// Hands every page of the listing of `path` to `each`, in order.
+fn list_pages(
+    api: &Api,
+    id: &str,
+    path: &str,
+    depth: u32,
+    mut each: impl FnMut(Vec<Value>) -> Result<()>,
+) -> Result<()> {
+    let depth = depth.to_string();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("path", path), ("depth", &depth), ("limit", LIST_PAGE)];
+        if let Some(cursor) = &cursor {
+            query.push(("cursor", cursor));
+        }
+        let mut page = api.get_json(&sandbox_path(id, "/files/list"), &query)?;
+        let next = match page.get("next_cursor") {
+            Some(Value::String(next)) if !next.is_empty() => Some(next.clone()),
+            _ => None,
+        };
+        if let Some(Value::Array(entries)) = page.get_mut("entries").map(Value::take) {
+            each(entries)?;
+        }
+        // A cursor that does not move would never end.
+        if next.is_none() || next == cursor {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
 /// `airlock files ID ...`.
 pub fn files(args: &FilesArgs) -> Result<ExitCode> {
     let api = args.conn.api()?;
@@ -373,20 +405,29 @@ pub fn files(args: &FilesArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match &args.op {
         FilesOp::Ls { path, depth, json } => {
-            let depth = depth.to_string();
-            let answer = api.get_json(
-                &sandbox_path(id, "/files/list"),
-                &[("path", path), ("depth", &depth)],
-            )?;
+            // Pages come sorted by path: the JSON is written as they come,
+            // the table (which needs every width) keeps only its cells.
             if *json {
-                writeln!(out, "{answer}")?;
+                write!(out, "{{\"entries\":[")?;
+                let mut first = true;
+                list_pages(&api, id, path, *depth, |entries| {
+                    for entry in entries {
+                        if !first {
+                            write!(out, ",")?;
+                        }
+                        first = false;
+                        write!(out, "{entry}")?;
+                    }
+                    Ok(())
+                })?;
+                writeln!(out, "]}}")?;
             } else {
-                let entries = answer
-                    .get("entries")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                out.write_all(ls_table(&entries).render().as_bytes())?;
+                let mut table = ls_header();
+                list_pages(&api, id, path, *depth, |entries| {
+                    entries.iter().for_each(|entry| table.push(ls_row(entry)));
+                    Ok(())
+                })?;
+                out.write_all(table.render().as_bytes())?;
             }
         }
         FilesOp::Stat { path, json } => {
@@ -525,15 +566,17 @@ mod tests {
     }
 
     #[test]
-    fn ls_table_sorts_and_shows_links() {
+    fn ls_rows_show_links() {
         let entries = [
-            json!({"path": "/h/z", "name": "z", "kind": "file", "size": 5, "mode": 420,
-                   "mtime": "2023-11-14T22:13:20Z", "symlink_target": null}),
             json!({"path": "/h/a", "name": "a", "kind": "symlink", "size": 1, "mode": 511,
                    "mtime": "2023-11-14T22:13:20Z", "symlink_target": "z"}),
+            json!({"path": "/h/z", "name": "z", "kind": "file", "size": 5, "mode": 420,
+                   "mtime": "2023-11-14T22:13:20Z", "symlink_target": null}),
         ];
+        let mut table = ls_header();
+        entries.iter().for_each(|entry| table.push(ls_row(entry)));
         assert_eq!(
-            ls_table(&entries).render(),
+            table.render(),
             "KIND     MODE  SIZE  MTIME                PATH\n\
              symlink  0777  1     2023-11-14 22:13:20  /h/a -> z\n\
              file     0644  5     2023-11-14 22:13:20  /h/z\n"

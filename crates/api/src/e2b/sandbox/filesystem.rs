@@ -13,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 type Result<T> = std::result::Result<T, ConnectError>;
@@ -97,9 +97,13 @@ async fn unary(
             json!({"entry": entry(&daemon.move_path(id, &from, &to).await?)})
         }
         "ListDir" => {
+            // envd has no pages: the whole listing, up to the daemon's cap,
+            // encoded entry by entry without a second copy as JSON values.
             let path = absolute(&request.path, user)?;
-            let entries = daemon.list_dir(id, &path, request.depth.max(1)).await?;
-            json!({"entries": entries.iter().map(entry).collect::<Vec<_>>()})
+            let entries = daemon.list_dir_all(id, &path, request.depth.max(1)).await?;
+            return Ok(connect::unary_response(&ListDirResponse {
+                entries: &entries,
+            }));
         }
         "Remove" => {
             let path = absolute(&request.path, user)?;
@@ -251,32 +255,66 @@ fn timestamp(ns: i64) -> String {
     crate::types::rfc3339_ns(i128::from(ns)).unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
+/// envd's `EntryInfo` in protobuf JSON.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryInfo<'a> {
+    name: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    path: &'a str,
+    size: String,
+    mode: u32,
+    permissions: String,
+    owner: String,
+    group: String,
+    modified_time: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    is_symlink: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlink_target: Option<&'a str>,
+}
+
+impl<'a> From<&'a FileInfo> for EntryInfo<'a> {
+    fn from(info: &'a FileInfo) -> EntryInfo<'a> {
+        EntryInfo {
+            name: &info.name,
+            kind: match info.kind {
+                FileKind::File => "FILE_TYPE_FILE",
+                FileKind::Dir => "FILE_TYPE_DIRECTORY",
+                FileKind::Symlink => "FILE_TYPE_SYMLINK",
+                FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+            },
+            path: &info.path,
+            size: info.size.to_string(),
+            mode: info.mode & 0o7777,
+            permissions: permissions(info.kind, info.mode),
+            owner: account(info.uid),
+            group: account(info.gid),
+            modified_time: timestamp(info.mtime_ns),
+            is_symlink: info.kind == FileKind::Symlink,
+            symlink_target: info.symlink_target.as_deref(),
+        }
+    }
+}
+
+/// A `ListDirResponse`, each entry made an `EntryInfo` as it is written.
+#[derive(Serialize)]
+struct ListDirResponse<'a> {
+    #[serde(serialize_with = "entry_infos")]
+    entries: &'a [FileInfo],
+}
+
+fn entry_infos<S: serde::Serializer>(
+    entries: &&[FileInfo],
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serializer.collect_seq(entries.iter().map(EntryInfo::from))
+}
+
 /// An `EntryInfo`.
 pub fn entry(info: &FileInfo) -> Value {
-    let kind = match info.kind {
-        FileKind::File => "FILE_TYPE_FILE",
-        FileKind::Dir => "FILE_TYPE_DIRECTORY",
-        FileKind::Symlink => "FILE_TYPE_SYMLINK",
-        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
-    };
-    let mut value = json!({
-        "name": info.name,
-        "type": kind,
-        "path": info.path,
-        "size": info.size.to_string(),
-        "mode": info.mode & 0o7777,
-        "permissions": permissions(info.kind, info.mode),
-        "owner": account(info.uid),
-        "group": account(info.gid),
-        "modifiedTime": timestamp(info.mtime_ns),
-    });
-    if info.kind == FileKind::Symlink {
-        value["isSymlink"] = json!(true);
-    }
-    if let Some(target) = &info.symlink_target {
-        value["symlinkTarget"] = json!(target);
-    }
-    value
+    serde_json::to_value(EntryInfo::from(info)).unwrap_or_else(|_| json!({}))
 }
 
 #[cfg(test)]
@@ -315,6 +353,16 @@ mod tests {
         assert_eq!(link["type"], "FILE_TYPE_SYMLINK");
         assert_eq!(link["isSymlink"], true);
         assert_eq!(link["symlinkTarget"], "/etc");
+    }
+
+    #[test]
+    fn a_listing_is_written_as_entry_infos() {
+        let entries = [info(FileKind::File), info(FileKind::Dir)];
+        let written: Value = serde_json::to_value(ListDirResponse { entries: &entries }).unwrap();
+        assert_eq!(
+            written,
+            json!({"entries": [entry(&entries[0]), entry(&entries[1])]})
+        );
     }
 
     #[test]
