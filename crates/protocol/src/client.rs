@@ -30,7 +30,10 @@ pub enum ClientError {
     #[error("the connection to the agent closed")]
     Closed,
     /// The agent speaks none of the versions this host speaks.
-    #[error("the agent speaks none of this host's protocol versions ({})", Versions::OURS)]
+    #[error(
+        "the agent speaks none of this host's protocol versions ({})",
+        Versions::OURS
+    )]
     NoCommonVersion,
     /// The agent chose a version this host did not offer.
     #[error(
