@@ -457,7 +457,12 @@ fn has_exited(pidfd: &OwnedFd) -> bool {
         pidfd,
         rustix::event::PollFlags::IN,
     )];
-    matches!(rustix::event::poll(&mut fds, None), Ok(n) if n > 0)
+    // A zero timeout: look, do not wait.
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
 }
 
 fn signal(pidfd: &OwnedFd, signal: Signal) {
