@@ -13,7 +13,7 @@ use crate::process::{Processes, WaitOutcome};
 use crate::reaper::{self, Reaper};
 use crate::watch::Watches;
 use crate::{AgentConfig, AgentError};
-use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, PROTOCOL_VERSION};
+use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, Versions};
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -180,20 +180,23 @@ impl Session {
         };
         let payload = frame.payload;
         match request {
-            Request::Hello { version } => {
-                let answer = if version == PROTOCOL_VERSION {
-                    Ok(Event::Hello {
-                        version: PROTOCOL_VERSION,
+            Request::Hello { version, oldest } => {
+                // The newest version both speak; a host of version 1 offers
+                // only its own.
+                let offered = Versions::offered(version, oldest);
+                let answer = match Versions::OURS.highest_common(offered) {
+                    Some(version) => Ok(Event::Hello {
+                        version,
                         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-                    })
-                } else {
-                    Err(Failure::new(
+                    }),
+                    None => Err(Failure::new(
                         airlock_protocol::ErrorKind::UnsupportedVersion,
                         format!(
-                            "protocol version {version} is not supported; \
-                             this agent speaks version {PROTOCOL_VERSION}"
+                            "the host speaks protocol version {offered}; \
+                             this agent speaks {}",
+                            Versions::OURS
                         ),
-                    ))
+                    )),
                 };
                 self.outbox.answer(id, answer).await;
             }

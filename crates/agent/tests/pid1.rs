@@ -100,7 +100,8 @@ async fn pid1_sandbox() {
     assert!(matches!(
         agent
             .call(Request::Hello {
-                version: PROTOCOL_VERSION
+                version: PROTOCOL_VERSION,
+                oldest: None,
             })
             .await,
         Event::Hello { .. }

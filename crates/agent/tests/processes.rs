@@ -14,6 +14,7 @@ async fn hello_ping_and_version_mismatch() {
     match agent
         .call(Request::Hello {
             version: PROTOCOL_VERSION,
+            oldest: None,
         })
         .await
     {
@@ -29,11 +30,23 @@ async fn hello_ping_and_version_mismatch() {
     match agent
         .call(Request::Hello {
             version: PROTOCOL_VERSION + 1,
+            oldest: None,
         })
         .await
     {
         Event::Error { kind, .. } => assert_eq!(kind, ErrorKind::UnsupportedVersion),
         other => panic!("{other:?}"),
+    }
+    // A host of version 1 (no range) gets version 1; a host of a later
+    // version that still speaks ours gets ours.
+    for (version, oldest, chosen) in [
+        (1, None, 1),
+        (PROTOCOL_VERSION + 5, Some(1), PROTOCOL_VERSION),
+    ] {
+        match agent.call(Request::Hello { version, oldest }).await {
+            Event::Hello { version, .. } => assert_eq!(version, chosen),
+            other => panic!("{other:?}"),
+        }
     }
     assert_eq!(agent.call(Request::Ping).await, Event::Pong);
     agent.close().await.unwrap();

@@ -274,6 +274,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(
             adopted = report.adopted.len(),
             reaped = report.reaped.len(),
+            pending = report.pending.len(),
             stopped_unrecorded = report.stopped_unrecorded.len(),
             removed = report.removed.len(),
             "reconciled recorded sandboxes with the host"

@@ -8,16 +8,28 @@
 //! if the daemon dies or restarts, the sandbox lives on and the next daemon
 //! connects again (re-adoption). Frames are relayed whole, so a connection
 //! that breaks mid-frame never desynchronizes the agent stream. The sandbox
-//! ends when its agent exits or the supervisor gets SIGTERM; either way the
-//! supervisor runs the jail's teardown and removes its socket.
+//! ends when its agent exits, the supervisor gets SIGTERM, or its deadline
+//! has passed by [`deadline::GRACE`]; either way the supervisor runs the
+//! jail's teardown and removes its socket.
+//!
+//! The deadline holds without a daemon: the supervisor starts with the
+//! spec's timeout from its launch and takes every later deadline from the
+//! file the daemon writes beside the socket (read again on
+//! [`deadline::NUDGE`], on waking, and just before it acts; a file that is
+//! missing or unreadable leaves the last deadline known in force). The
+//! grace lets a running daemon's reaper act first and record the timeout.
+//! Before it exits, the supervisor leaves its exit code in the ending file,
+//! for a daemon that is not its parent.
 //!
 //! Wire contract with the daemon: one JSON line on stdout, either
 //! `{"ready": {"id", "init_pid", "supervisor_pid", "socket"}}` or
 //! `{"error": {"message", "bad_input"}}`, then stdout is closed. The exit
 //! code says how the sandbox ended: 0 stopped on request (SIGTERM),
 //! [`EXIT_SANDBOX_OOM`] its agent died with the OOM killer active,
-//! [`EXIT_SANDBOX_DIED`] its agent died otherwise.
+//! [`EXIT_SANDBOX_DIED`] its agent died otherwise,
+//! [`EXIT_SANDBOX_EXPIRED`] its deadline passed.
 
+use airlock_backend::process::deadline;
 use airlock_jail::runtime::RuntimeDir;
 use airlock_jail::Jail;
 use airlock_policy::SandboxSpec;
@@ -34,9 +46,11 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, Mutex};
 
 /// Exit code: the sandbox's agent went away and the OOM killer had struck.
-pub const EXIT_SANDBOX_OOM: u8 = 3;
+pub const EXIT_SANDBOX_OOM: u8 = deadline::EXIT_SANDBOX_OOM as u8;
 /// Exit code: the sandbox's agent went away on its own.
-pub const EXIT_SANDBOX_DIED: u8 = 4;
+pub const EXIT_SANDBOX_DIED: u8 = deadline::EXIT_SANDBOX_DIED as u8;
+/// Exit code: the sandbox's deadline passed and the supervisor ended it.
+pub const EXIT_SANDBOX_EXPIRED: u8 = deadline::EXIT_SANDBOX_EXPIRED as u8;
 
 /// Why the relay stopped.
 enum RelayEnd {
@@ -44,6 +58,46 @@ enum RelayEnd {
     Asked,
     /// The agent closed the channel or broke the protocol.
     AgentGone,
+    /// The deadline passed (and its grace).
+    Expired,
+}
+
+/// Longest the supervisor sleeps without looking at its deadline again
+/// (so a jump of the wall clock or a missed nudge costs at most this).
+const LONGEST_NAP: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The deadline in force, in unix milliseconds, and where later ones come
+/// from.
+struct Deadline {
+    file: PathBuf,
+    at_ms: i64,
+}
+
+impl Deadline {
+    /// The deadline given at launch, then whatever the file says.
+    fn new(file: PathBuf, at_ms: i64) -> Deadline {
+        let mut deadline = Deadline { file, at_ms };
+        deadline.reload();
+        deadline
+    }
+
+    /// Takes the deadline in the file, if it holds one; otherwise the last
+    /// one known stays.
+    fn reload(&mut self) {
+        if let Some(at_ms) = deadline::read_deadline(&self.file) {
+            self.at_ms = at_ms;
+        }
+    }
+
+    /// How long until the deadline and its grace have passed, at most
+    /// [`LONGEST_NAP`]; `None` once they have.
+    fn nap(&self) -> Option<std::time::Duration> {
+        let due = self
+            .at_ms
+            .saturating_add(deadline::GRACE.as_millis() as i64);
+        let left = due.saturating_sub(deadline::now_ms());
+        (left > 0).then(|| std::time::Duration::from_millis(left as u64).min(LONGEST_NAP))
+    }
 }
 
 /// Largest spec accepted on stdin.
@@ -113,6 +167,10 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Ok(spec) => spec,
         Err(e) => return fail(format!("the spec is not valid: {e}"), true),
     };
+    // The spec's timeout from now holds until the daemon says otherwise.
+    let launched_ms = deadline::now_ms();
+    let first_deadline =
+        launched_ms.saturating_add(i64::try_from(spec.timeout_ms).unwrap_or(i64::MAX));
     // Leave the daemon's session and process group: signals meant for the
     // daemon (a terminal's ^C, a service manager stopping it) must not take
     // its sandboxes down.
@@ -164,18 +222,25 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(_) => return ExitCode::from(crate::EXIT_INTERNAL),
     };
-    let served = runtime.block_on(relay(listener, channel, &jail));
+    let deadline = Deadline::new(deadline::deadline_file(&args.socket), first_deadline);
+    let served = runtime.block_on(relay(listener, channel, &jail, deadline));
     // Read the OOM count before teardown removes the cgroup.
     let oom = jail.stats().oom_kills > 0;
     let torn_down = jail.teardown();
-    let _ = std::fs::remove_file(&args.socket);
     runtime.shutdown_background();
-    match (served, torn_down) {
-        (Ok(RelayEnd::Asked), Ok(())) => ExitCode::SUCCESS,
-        (Ok(RelayEnd::AgentGone), Ok(())) if oom => ExitCode::from(EXIT_SANDBOX_OOM),
-        (Ok(RelayEnd::AgentGone), Ok(())) => ExitCode::from(EXIT_SANDBOX_DIED),
-        _ => ExitCode::from(crate::EXIT_INTERNAL),
-    }
+    let code = match (served, torn_down) {
+        (Ok(RelayEnd::Asked), Ok(())) => 0,
+        (Ok(RelayEnd::AgentGone), Ok(())) if oom => EXIT_SANDBOX_OOM,
+        (Ok(RelayEnd::AgentGone), Ok(())) => EXIT_SANDBOX_DIED,
+        (Ok(RelayEnd::Expired), Ok(())) => EXIT_SANDBOX_EXPIRED,
+        _ => crate::EXIT_INTERNAL,
+    };
+    // Word for a daemon that is not our parent, before the socket goes
+    // (whoever sees no socket may look for the ending).
+    deadline::write_ending(&deadline::ending_file(&args.socket), code);
+    let _ = std::fs::remove_file(deadline::deadline_file(&args.socket));
+    let _ = std::fs::remove_file(&args.socket);
+    ExitCode::from(code)
 }
 
 fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
@@ -211,11 +276,13 @@ fn redirect_stdio_to_null() {
 }
 
 /// Relays whole frames between the agent and the current daemon connection
-/// until the agent goes away or SIGTERM/SIGINT arrives.
+/// until the agent goes away, SIGTERM/SIGINT arrives or the deadline has
+/// passed.
 async fn relay(
     listener: std::os::unix::net::UnixListener,
     channel: std::os::unix::net::UnixStream,
     jail: &Jail,
+    mut deadline: Deadline,
 ) -> std::io::Result<RelayEnd> {
     use tokio::signal::unix::{signal, SignalKind};
     let listener = UnixListener::from_std(listener)?;
@@ -238,6 +305,12 @@ async fn relay(
     });
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut nudged = signal(SignalKind::from_raw(deadline::NUDGE.as_raw()))?;
+    let Some(nap) = deadline.nap() else {
+        return Ok(RelayEnd::Expired);
+    };
+    let wake = tokio::time::sleep(nap);
+    tokio::pin!(wake);
 
     // The writer half of the current daemon connection, if any.
     let mut daemon: Option<OwnedWriteHalf> = None;
@@ -288,6 +361,22 @@ async fn relay(
             }
             _ = terminate.recv() => break RelayEnd::Asked,
             _ = interrupt.recv() => break RelayEnd::Asked,
+            // Woken for the deadline, or told it changed: read it again
+            // (an extension written just before it passed still counts).
+            _ = nudged.recv() => {
+                deadline.reload();
+                match deadline.nap() {
+                    Some(nap) => wake.as_mut().reset(tokio::time::Instant::now() + nap),
+                    None => break RelayEnd::Expired,
+                }
+            }
+            () = &mut wake => {
+                deadline.reload();
+                match deadline.nap() {
+                    Some(nap) => wake.as_mut().reset(tokio::time::Instant::now() + nap),
+                    None => break RelayEnd::Expired,
+                }
+            }
         }
     };
     if let Some(task) = inbound {

@@ -97,6 +97,7 @@ async fn connect(socket: &str, first_id: u64) -> UnixStream {
             first_id,
             Request::Hello {
                 version: airlock_protocol::PROTOCOL_VERSION,
+                oldest: None,
             },
         ),
     )

@@ -44,6 +44,9 @@ pub enum Ending {
     Oom,
     /// It died on its own (the agent exited or was killed).
     Crashed,
+    /// Its owner ended it at its deadline (see [`Backend::set_deadline`]):
+    /// the daemon's reaper did not act first, e.g. because no daemon ran.
+    Expired,
     /// Its owner is gone and how it ended is unknown (e.g. adopted after a
     /// restart and then lost).
     Unknown,
@@ -109,15 +112,46 @@ pub enum CreateError {
 /// A recorded sandbox could not be taken over again.
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
-    /// Its owner process is gone.
+    /// Its owner process is gone: the sandbox has ended, and `ending` says
+    /// how when it left word.
     #[error("its supervisor is gone")]
-    Gone,
+    Gone {
+        /// How it ended, if known.
+        ending: Option<Ending>,
+    },
     /// The recorded resources are not this backend's.
     #[error("the recorded resources belong to another tier")]
     WrongTier,
-    /// Its agent did not answer.
-    #[error("its agent did not answer: {0}")]
-    Agent(String),
+    /// The record names no owner process (it never finished starting).
+    #[error("the record names no supervisor")]
+    NotStarted,
+    /// Its agent answered but cannot be used (it speaks none of our
+    /// protocol versions).
+    #[error("its agent cannot be used")]
+    Incompatible(#[source] airlock_protocol::ClientError),
+    /// Its owner process runs but did not answer (a refused or timed-out
+    /// connection, a greeting cut short): it may well answer later.
+    #[error("its supervisor runs but did not answer: {0}")]
+    Unreachable(String),
+}
+
+impl AdoptError {
+    /// Whether trying again later may succeed: the sandbox is alive and
+    /// must not be reaped for this failure.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, AdoptError::Unreachable(_))
+    }
+}
+
+/// A sandbox's deadline could not be handed to its owner.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot hand the deadline of {id} to its supervisor")]
+pub struct DeadlineError {
+    /// The sandbox.
+    pub id: String,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
 }
 
 /// A sandbox could not be released completely.
@@ -163,6 +197,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Connects again to a sandbox this backend started before the daemon
     /// restarted.
     async fn adopt(&self, id: &str, resources: &Resources) -> Result<Instance, AdoptError>;
+
+    /// Tells the owner of a live sandbox to end it on its own at
+    /// `at_ms` (unix milliseconds) plus a short grace, whether or not a
+    /// daemon still runs then. The daemon calls it with every change of
+    /// the deadline in force (an extension of a running sandbox's timeout;
+    /// later a paused sandbox's TTL), each call replacing the last; until
+    /// the first, the owner enforces the spec's timeout from its launch.
+    /// The channel is the host's: nothing inside the sandbox can reach it.
+    fn set_deadline(
+        &self,
+        id: &str,
+        resources: &Resources,
+        at_ms: i64,
+    ) -> Result<(), DeadlineError>;
 
     /// Stops the sandbox and releases everything it holds. Idempotent: a
     /// sandbox already gone is a success. `resources` is what was recorded,

@@ -276,6 +276,10 @@ pub(crate) struct Inner {
     live: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     /// Ids being created (no live entry yet); they count as recorded.
     creating: Mutex<std::collections::HashSet<String>>,
+    /// Recorded sandboxes whose adoption failed for a reason that may pass
+    /// (see [`reconcile`]), each with what wakes its retrying task; they
+    /// count as recorded.
+    adopting: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     audit: Audit,
     metrics: Metrics,
     /// What sandbox access tokens are derived from.
@@ -371,6 +375,7 @@ impl Daemon {
                 admission,
                 live: Mutex::new(HashMap::new()),
                 creating: Mutex::new(Default::default()),
+                adopting: Mutex::new(HashMap::new()),
                 audit,
                 metrics,
                 token_key,
@@ -420,6 +425,16 @@ impl Daemon {
             .cloned()
     }
 
+    /// What wakes the adoption task of `id`, if its adoption is retried.
+    fn adopting(&self, id: &str) -> Option<Arc<tokio::sync::Notify>> {
+        self.inner
+            .adopting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
     /// The running sandbox `id`, or why not.
     pub fn running(&self, id: &str) -> Result<Arc<LiveSandbox>, DaemonError> {
         match self.live_sandbox(id) {
@@ -448,6 +463,14 @@ impl Daemon {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .iter()
+                .cloned(),
+        );
+        ids.extend(
+            self.inner
+                .adopting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
                 .cloned(),
         );
         ids

@@ -8,7 +8,7 @@
 use crate::audit::now_ms;
 use crate::{not_found, Daemon, DaemonError, LiveSandbox};
 use airlock_backend::{CreateError, Ending, Resources};
-use airlock_core::{next, Action, DeadReason, State};
+use airlock_core::{next, Action, CreatePermit, DeadReason, State};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_store::{KeyRow, ListQuery, NewSandbox, Page, SandboxRow, Stream};
 use serde_json::json;
@@ -203,20 +203,12 @@ impl Daemon {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone());
         let created = self.inner.backend.create(&id, &spec).await;
-        let forget_creating = || {
-            self.inner
-                .creating
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
-        };
         let instance = match created {
             Ok(instance) => instance,
             Err(e) => {
-                // Recorded dead at once (`Failed`); the stop below releases
-                // what the launch took.
+                // The backend released what the launch took.
                 let _ = self.transition(&id, State::Creating, Action::Failed);
-                forget_creating();
+                self.forget_creating(&id);
                 self.inner
                     .metrics
                     .deaths
@@ -239,6 +231,51 @@ impl Daemon {
                 });
             }
         };
+        // From here on the sandbox runs: whatever fails before it is handed
+        // out, the launch guard destroys it and only then gives the permit
+        // back (also when this future is dropped, e.g. by a client that
+        // went away).
+        let mut launch = Launch::new(self, &id, &instance.resources, permit, request_id);
+        match self
+            .hand_out(
+                &mut launch,
+                owner,
+                &request.template_name,
+                &tier,
+                spec,
+                instance,
+                started,
+            )
+            .await
+        {
+            Ok(row) => {
+                launch.commit();
+                Ok(Created { row, access_token })
+            }
+            Err(e) => {
+                launch.abandon().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The part of a create after the backend started the sandbox: records
+    /// what it holds, registers it, attaches its egress path and records it
+    /// running. Any error leaves `launch` armed: its owner tears the
+    /// sandbox down.
+    #[allow(clippy::too_many_arguments)]
+    async fn hand_out(
+        &self,
+        launch: &mut Launch,
+        owner: &KeyRow,
+        template_name: &str,
+        tier: &str,
+        spec: SandboxSpec,
+        instance: airlock_backend::Instance,
+        started: Instant,
+    ) -> Result<SandboxRow, DaemonError> {
+        let id = launch.id().to_owned();
+        let request_id = launch.request_id().to_owned();
         let resources_json = serde_json::to_string(&instance.resources).ok();
         let supervisor = match &instance.resources {
             Resources::Process { supervisor_pid, .. } => *supervisor_pid,
@@ -255,41 +292,30 @@ impl Daemon {
             State::Creating,
             None,
         );
-        self.inner
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), Arc::clone(&sandbox));
-        forget_creating();
-        *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
+        launch.registered(&sandbox);
         self.watch_for_death(&sandbox, ended);
-        if let Err(e) = self.attach_egress(&sandbox, supervisor) {
-            // Without its egress path the sandbox could not reach what its
-            // policy allows: it is not handed out.
-            sandbox.set_state(State::Stopping(DeadReason::CreateFailed));
-            // Recorded dead at once (`Failed`); the stop below releases
-            // what the launch took.
-            let _ = self.transition(&id, State::Creating, Action::Failed);
-            self.finish_stop(&sandbox, DeadReason::CreateFailed, Some(request_id))
-                .await;
-            return Err(e);
-        }
-
+        // Without its egress path the sandbox could not reach what its
+        // policy allows: it is not handed out.
+        self.attach_egress(&sandbox, supervisor)?;
         match self.transition(&id, State::Creating, Action::Started)? {
             Some(state) => sandbox.set_state(state),
             None => {
-                // Stopped while it was being created: finish that stop.
+                // Stopped while it was being created: the guard finishes
+                // that stop, with its reason.
                 let stored = self
                     .with_store(|s| s.get_sandbox(&id))?
                     .map(|row| state_of(&row));
-                let reason = stored
-                    .and_then(State::reason)
-                    .unwrap_or(DeadReason::Deleted);
-                sandbox.set_state(State::Stopping(reason));
-                self.finish_stop(&sandbox, reason, Some(request_id)).await;
+                launch.set_reason(
+                    stored
+                        .and_then(State::reason)
+                        .unwrap_or(DeadReason::Deleted),
+                );
                 return Err(DaemonError::NotRunning(id));
             }
         }
+        let row = self
+            .with_store(|s| s.get_sandbox(&id))?
+            .ok_or_else(|| not_found(&id))?;
         let elapsed = started.elapsed();
         self.inner
             .metrics
@@ -299,20 +325,92 @@ impl Daemon {
             Stream::Runtime,
             "sandbox.created",
             Some(&id),
-            Some(request_id),
+            Some(&request_id),
             json!({
                 "key_id": owner.id,
-                "template": request.template_name,
+                "template": template_name,
                 "tier": tier,
                 "limits": sandbox.spec.limits,
                 "timeout_ms": sandbox.spec.timeout_ms,
                 "duration_ms": elapsed.as_millis() as u64,
             }),
         );
-        let row = self
-            .with_store(|s| s.get_sandbox(&id))?
-            .ok_or_else(|| not_found(&id))?;
-        Ok(Created { row, access_token })
+        Ok(row)
+    }
+
+    /// Tears down a sandbox whose create failed after the backend started
+    /// it (see [`Launch`]), and records it dead.
+    async fn unwind_create(&self, unwind: &Unwind) {
+        match &unwind.live {
+            // Registered: stopped the way a stop does, which releases its
+            // lease once the teardown returned.
+            Some(sandbox) => {
+                let _teardown = sandbox.teardown.lock().await;
+                let reason =
+                    match self.mark_stopping(sandbox, unwind.reason, Some(&unwind.request_id)) {
+                        Ok(Some(reason)) => reason,
+                        // Dead already: a stop or its own death came first.
+                        Ok(None) => return,
+                        // The store fails: stopped all the same; the record is
+                        // finished by the next start's reconciliation.
+                        Err(e) => {
+                            tracing::error!("stopping {} after its create failed: {e}", unwind.id);
+                            sandbox.set_state(State::Stopping(unwind.reason));
+                            unwind.reason
+                        }
+                    };
+                self.finish_stop(sandbox, reason, Some(&unwind.request_id))
+                    .await;
+            }
+            None => {
+                if let Err(e) = self
+                    .inner
+                    .backend
+                    .destroy(&unwind.id, Some(&unwind.resources))
+                    .await
+                {
+                    self.inner.metrics.teardown_failures.inc();
+                    tracing::error!("{e}");
+                }
+                if let Err(e) = self.transition(&unwind.id, State::Creating, Action::Failed) {
+                    tracing::error!("recording {} dead after its create failed: {e}", unwind.id);
+                }
+                self.forget_creating(&unwind.id);
+                self.inner
+                    .metrics
+                    .deaths
+                    .get_or_create(&crate::metrics::ReasonLabel {
+                        reason: DeadReason::CreateFailed.as_str(),
+                    })
+                    .inc();
+                self.inner.audit.record(
+                    Stream::Runtime,
+                    "sandbox.create_failed",
+                    Some(&unwind.id),
+                    Some(&unwind.request_id),
+                    json!({"error": "the sandbox started but could not be recorded"}),
+                );
+            }
+        }
+    }
+
+    /// Takes `id` off the set of sandboxes being created.
+    fn forget_creating(&self, id: &str) {
+        self.inner
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// Puts a sandbox being created into the live registry.
+    fn register_live(&self, sandbox: &Arc<LiveSandbox>) {
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(sandbox.id.clone(), Arc::clone(sandbox));
+        self.forget_creating(&sandbox.id);
     }
 
     /// Waits for the sandbox to end on its own and records how.
@@ -334,6 +432,21 @@ impl Daemon {
         let state = sandbox.state();
         if matches!(state, State::Stopping(_) | State::Dead(_)) {
             return; // a stop is (or was) in charge
+        }
+        if ending == Ending::Expired {
+            // Its supervisor ended it at its deadline before the reaper did:
+            // a timeout all the same.
+            let reason = match self.mark_stopping(sandbox, DeadReason::Timeout, None) {
+                Ok(Some(reason)) => reason,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!("recording the timeout of {}: {e}", sandbox.id);
+                    sandbox.set_state(State::Stopping(DeadReason::Timeout));
+                    DeadReason::Timeout
+                }
+            };
+            self.finish_stop(sandbox, reason, None).await;
+            return;
         }
         let reason = match ending {
             Ending::Oom => DeadReason::Oom,
@@ -515,7 +628,8 @@ impl Daemon {
     }
 
     /// Stop of a sandbox with no live connection: one being created (wait
-    /// for its creator to finish the stop), or one already dead.
+    /// for its creator to finish the stop), one whose adoption is retried
+    /// (its task finishes the stop), or one already dead.
     async fn stop_unconnected(&self, id: &str, reason: DeadReason) -> Result<(), DaemonError> {
         let Some(row) = self.with_store(|s| s.get_sandbox(id))? else {
             return Err(not_found(id));
@@ -526,6 +640,14 @@ impl Daemon {
         }
         if state == State::Creating {
             let _ = self.transition(id, State::Creating, Action::Stop(reason))?;
+        }
+        if let Some(adopting) = self.adopting(id) {
+            // Recorded but not adopted yet: its adoption task finishes the
+            // stop.
+            if matches!(state, State::Running | State::Paused) {
+                let _ = self.transition(id, state, Action::Stop(reason))?;
+            }
+            adopting.notify_one();
         }
         let deadline = Instant::now() + CREATING_WAIT;
         while Instant::now() < deadline {
@@ -679,8 +801,31 @@ impl Daemon {
             )));
         }
         let expires_at = now_ms().saturating_add(timeout.as_millis() as i64);
+        // The supervisor learns the deadline first: if the store write
+        // fails after it, the sandbox lives no shorter than its record says.
+        self.hand_deadline(&row, expires_at)?;
         self.with_store(|s| s.set_expiry(id, expires_at))?;
         self.get(key, id)
+    }
+
+    /// Hands the deadline `at_ms` of the sandbox recorded in `row` to its
+    /// owner, which enforces it even without a daemon (a sandbox that
+    /// records no resources yet is still starting, with the spec's timeout).
+    pub(crate) fn hand_deadline(&self, row: &SandboxRow, at_ms: i64) -> Result<(), DaemonError> {
+        let resources = match self.live_sandbox(&row.id) {
+            Some(sandbox) => Some(sandbox.resources.clone()),
+            None => row
+                .resources_json
+                .as_deref()
+                .and_then(|j| serde_json::from_str::<Resources>(j).ok()),
+        };
+        let Some(resources) = resources else {
+            return Ok(());
+        };
+        self.inner
+            .backend
+            .set_deadline(&row.id, &resources, at_ms)
+            .map_err(|e| DaemonError::Internal(format!("{e}: {}", e.source)))
     }
 
     /// The network policy in force in `id`.
@@ -765,6 +910,11 @@ impl Daemon {
                 }
             };
             for id in expired {
+                if let Some(adopting) = self.adopting(&id) {
+                    // Its adoption task stops it.
+                    adopting.notify_one();
+                    continue;
+                }
                 let stopping = self
                     .live_sandbox(&id)
                     .is_some_and(|s| matches!(s.state(), State::Stopping(_) | State::Dead(_)));
@@ -778,6 +928,113 @@ impl Daemon {
                     }
                 });
             }
+        }
+    }
+}
+
+/// What a failed create must undo (see [`Launch`]).
+struct Unwind {
+    daemon: Daemon,
+    id: String,
+    resources: Resources,
+    request_id: String,
+    /// Why it is recorded dead: `create_failed`, or the reason of a stop
+    /// that came while it was being created.
+    reason: DeadReason,
+    /// The live entry, once registered (it then holds the lease).
+    live: Option<Arc<LiveSandbox>>,
+    /// The admission permit, until the sandbox is registered.
+    permit: Option<CreatePermit>,
+}
+
+impl Unwind {
+    async fn run(mut self) {
+        self.daemon.unwind_create(&self).await;
+        // Only now is the slot free again: the sandbox is gone.
+        drop(self.permit.take());
+    }
+}
+
+/// A sandbox the backend started whose create has not finished. Unless
+/// [`Launch::commit`]ted, it is torn down and recorded dead, and its
+/// admission permit (or the lease it became) is given back only after
+/// the teardown: by [`Launch::abandon`] on an error, or by a task when the
+/// guard is dropped (the create's future was cancelled).
+struct Launch(Option<Unwind>);
+
+impl Launch {
+    fn new(
+        daemon: &Daemon,
+        id: &str,
+        resources: &Resources,
+        permit: CreatePermit,
+        request_id: &str,
+    ) -> Launch {
+        Launch(Some(Unwind {
+            daemon: daemon.clone(),
+            id: id.to_owned(),
+            resources: resources.clone(),
+            request_id: request_id.to_owned(),
+            reason: DeadReason::CreateFailed,
+            live: None,
+            permit: Some(permit),
+        }))
+    }
+
+    fn id(&self) -> &str {
+        self.0.as_ref().map_or("", |u| u.id.as_str())
+    }
+
+    fn request_id(&self) -> &str {
+        self.0.as_ref().map_or("", |u| u.request_id.as_str())
+    }
+
+    /// Records `sandbox` live: from now on it holds the lease the permit
+    /// becomes, and a stop releases both.
+    fn registered(&mut self, sandbox: &Arc<LiveSandbox>) {
+        let Some(unwind) = self.0.as_mut() else {
+            return;
+        };
+        if let Some(permit) = unwind.permit.take() {
+            *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
+        }
+        unwind.daemon.register_live(sandbox);
+        unwind.live = Some(Arc::clone(sandbox));
+    }
+
+    /// Sets why the sandbox is recorded dead if the create fails.
+    fn set_reason(&mut self, reason: DeadReason) {
+        if let Some(unwind) = self.0.as_mut() {
+            unwind.reason = reason;
+        }
+    }
+
+    /// The sandbox is handed out: nothing to undo.
+    fn commit(mut self) {
+        self.0 = None;
+    }
+
+    /// Tears the sandbox down now and waits for it.
+    async fn abandon(mut self) {
+        if let Some(unwind) = self.0.take() {
+            unwind.run().await;
+        }
+    }
+}
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        let Some(unwind) = self.0.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(unwind.run());
+            }
+            Err(_) => tracing::error!(
+                "{} was left running by a create cancelled outside the runtime",
+                unwind.id
+            ),
         }
     }
 }

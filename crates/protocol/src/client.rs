@@ -12,7 +12,7 @@
 //! opens, and a slow client of the daemon must slow the agent down, not grow
 //! memory.
 
-use crate::{read_frame, write_frame, Event, Frame, FrameError, Request, PROTOCOL_VERSION};
+use crate::{read_frame, write_frame, ErrorKind, Event, Frame, FrameError, Request, Versions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +29,17 @@ const EVENTS_PER_REQUEST: usize = 64;
 pub enum ClientError {
     #[error("the connection to the agent closed")]
     Closed,
-    #[error("the agent speaks protocol version {0}, this host speaks {PROTOCOL_VERSION}")]
+    /// The agent speaks none of the versions this host speaks.
+    #[error(
+        "the agent speaks none of this host's protocol versions ({})",
+        Versions::OURS
+    )]
+    NoCommonVersion,
+    /// The agent chose a version this host did not offer.
+    #[error(
+        "the agent chose protocol version {0}, which this host does not speak ({ours})",
+        ours = Versions::OURS
+    )]
     Version(u32),
     #[error("the agent answered the greeting with {0:?}")]
     Greeting(Box<Event>),
@@ -47,6 +57,8 @@ pub struct AgentClient {
     /// Set by the router when the connection is gone, before it drops the
     /// routes; a request registered after that sees it and fails at once.
     closed: Arc<AtomicBool>,
+    /// The protocol version the greeting settled on.
+    version: u32,
 }
 
 /// The events of one request, in order, ending with its final event.
@@ -134,23 +146,64 @@ impl AgentClient {
             router_closed.store(true, Ordering::SeqCst);
             router.lock().unwrap_or_else(|p| p.into_inner()).clear();
         });
-        let client = AgentClient {
+        let mut client = AgentClient {
             outbound,
             routes,
             next_id: Arc::new(AtomicU64::new(first_id.max(1))),
             closed,
+            version: 0,
         };
-        match client
-            .request(Request::Hello {
-                version: PROTOCOL_VERSION,
-            })
-            .await?
-            .finish()
-            .await?
-        {
-            Event::Hello { version, .. } if version == PROTOCOL_VERSION => Ok(client),
-            Event::Hello { version, .. } => Err(ClientError::Version(version)),
-            other => Err(ClientError::Greeting(Box::new(other))),
+        client.version = client.greet().await?;
+        Ok(client)
+    }
+
+    /// The protocol version both sides speak on this connection: gate
+    /// anything newer than [`crate::OLDEST_PROTOCOL_VERSION`] on it.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Offers the versions this host speaks and returns the one the agent
+    /// chose. An agent of version 1 knows no ranges and refuses the ranged
+    /// greeting (as a request it cannot read, or a version it does not
+    /// speak) but goes on serving; it is greeted again as hosts of version
+    /// 1 greeted it.
+    async fn greet(&self) -> Result<u32, ClientError> {
+        const FIRST: u32 = 1;
+        let ours = Versions::OURS;
+        let ranged = Request::Hello {
+            version: ours.newest,
+            oldest: Some(ours.oldest),
+        };
+        let chosen = match self.request(ranged).await?.finish().await? {
+            Event::Hello { version, .. } => version,
+            Event::Error {
+                kind: ErrorKind::UnsupportedVersion | ErrorKind::InvalidArgument,
+                ..
+            } if ours.contains(FIRST) && ours.newest > FIRST => {
+                let plain = Request::Hello {
+                    version: FIRST,
+                    oldest: None,
+                };
+                match self.request(plain).await?.finish().await? {
+                    Event::Hello { version, .. } => version,
+                    Event::Error {
+                        kind: ErrorKind::UnsupportedVersion,
+                        ..
+                    } => return Err(ClientError::NoCommonVersion),
+                    other => return Err(ClientError::Greeting(Box::new(other))),
+                }
+            }
+            Event::Error {
+                kind: ErrorKind::UnsupportedVersion,
+                ..
+            } => return Err(ClientError::NoCommonVersion),
+            other => return Err(ClientError::Greeting(Box::new(other))),
+        };
+        if ours.contains(chosen) {
+            Ok(chosen)
+        } else {
+            Err(ClientError::Version(chosen))
         }
     }
 

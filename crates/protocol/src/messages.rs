@@ -1,4 +1,5 @@
-//! The messages of protocol version 1.
+//! The messages of the protocol (version 2; see [`crate::PROTOCOL_VERSION`]
+//! for what changed since 1).
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -36,8 +37,17 @@ pub const MAX_LIST_WALK: u64 = 1_000_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// First request on a stream. Answered by [`Event::Hello`] or an error.
-    Hello { version: u32 },
+    /// First request on a stream: the versions the host speaks, `oldest`
+    /// to `version`. Answered by [`Event::Hello`] with the newest version
+    /// both sides speak, or by an `unsupported_version` error. `oldest` is
+    /// absent when the host speaks only `version` (hosts of version 1 sent
+    /// no range; agents of version 1 refuse a greeting that has one, see
+    /// `AgentClient::connect`).
+    Hello {
+        version: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        oldest: Option<u32>,
+    },
     /// Starts a process. Answered by `started`, then `stdout`/`stderr`
     /// chunks (`pty` chunks for a process with a terminal), then a final
     /// `exited` (or a final `error` if it could not start).
@@ -224,7 +234,7 @@ pub struct PtySize {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Event {
-    /// Answer to `hello` (final).
+    /// Answer to `hello` (final): the version both sides speak from here on.
     Hello { version: u32, agent_version: String },
     /// A spawned process is running.
     Started { pid: u32 },

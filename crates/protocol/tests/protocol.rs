@@ -240,7 +240,10 @@ fn shell_exit_codes() {
 /// and an incompatible change must bump `PROTOCOL_VERSION`.
 #[test]
 fn schema_snapshot_matches() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/v1.json");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "schema/v{}.json",
+        airlock_protocol::PROTOCOL_VERSION
+    ));
     let current = serde_json::to_string_pretty(&schema()).unwrap() + "\n";
     if std::env::var_os("AIRLOCK_UPDATE_SCHEMA").is_some() {
         std::fs::write(&path, &current).unwrap();

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 use airlock_backend::{
-    AdoptError, Backend, CreateError, DestroyError, Instance, Reconciled, Resources, Unavailable,
-    Usage,
+    AdoptError, Backend, CreateError, DeadlineError, DestroyError, Instance, Reconciled, Resources,
+    Unavailable, Usage,
 };
 use airlock_daemon::{Config, Daemon};
 use airlock_policy::{SandboxSpec, Tier};
@@ -37,7 +37,10 @@ impl Backend for CountingTier {
         Err(CreateError::BadInput("this test tier runs nothing".into()))
     }
     async fn adopt(&self, _: &str, _: &Resources) -> Result<Instance, AdoptError> {
-        Err(AdoptError::Gone)
+        Err(AdoptError::Gone { ending: None })
+    }
+    fn set_deadline(&self, _: &str, _: &Resources, _: i64) -> Result<(), DeadlineError> {
+        Ok(())
     }
     async fn destroy(&self, _: &str, _: Option<&Resources>) -> Result<(), DestroyError> {
         Ok(())

@@ -15,14 +15,17 @@
 //! recycled pid once open. The supervisor's exit code says how the sandbox
 //! ended (see `crates/airlock/src/supervise.rs`).
 
+pub mod deadline;
+
 use crate::{
-    AdoptError, Backend, CreateError, DestroyError, Ended, Ending, Instance, Reconciled, Resources,
-    Unavailable, Usage,
+    AdoptError, Backend, CreateError, DeadlineError, DestroyError, Ended, Ending, Instance,
+    Reconciled, Resources, Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::runtime::RuntimeDir;
 use airlock_policy::{SandboxSpec, Tier};
 use airlock_protocol::AgentClient;
+use airlock_protocol::ClientError;
 use rustix::process::{Pid, PidfdFlags, Signal, WaitId, WaitIdOptions};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
@@ -35,10 +38,6 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-/// Supervisor exit code: the agent died with the OOM killer active.
-const EXIT_SANDBOX_OOM: i32 = 3;
-/// Supervisor exit code: the agent died otherwise.
-const EXIT_SANDBOX_DIED: i32 = 4;
 /// How long a stopped supervisor gets for its teardown before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long the agent gets to answer the greeting.
@@ -164,6 +163,7 @@ impl ProcessBackend {
     /// Starts watching the supervisor behind `pidfd` and returns the future
     /// that resolves when it ends.
     fn watch(&self, id: &str, pidfd: OwnedFd) -> Result<Ended, std::io::Error> {
+        let ending_file = deadline::ending_file(&self.socket_of(id));
         let watched = pidfd.try_clone()?;
         let (tell, ended) = watch::channel(None);
         let supervisor = Arc::new(Supervisor { pidfd, ended });
@@ -178,7 +178,7 @@ impl ProcessBackend {
         tokio::spawn(async move {
             // A pidfd becomes readable when its process exits.
             let _ = readable.readable().await;
-            let ending = reap(readable.get_ref());
+            let ending = reap(readable.get_ref(), &ending_file);
             let _ = tell.send(Some(ending));
         });
         let mut ended = supervisor.ended.clone();
@@ -222,10 +222,15 @@ impl ProcessBackend {
                 }
             }
         }
-        match std::fs::remove_file(self.socket_of(id)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => left.push("its socket"),
+        for file in deadline::files_of(&self.socket_of(id)) {
+            match std::fs::remove_file(file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(_) => {
+                    left.push("its socket files");
+                    break;
+                }
+            }
         }
         if left.is_empty() {
             Ok(())
@@ -236,19 +241,17 @@ impl ProcessBackend {
 }
 
 /// Reaps the supervisor if it is our child and maps its exit code. An
-/// adopted supervisor is not our child (ECHILD): how it ended is unknown.
-fn reap(pidfd: &OwnedFd) -> Ending {
+/// adopted supervisor is not our child (ECHILD): how it ended is what it
+/// left in its ending file, if anything.
+fn reap(pidfd: &OwnedFd, ending_file: &Path) -> Ending {
     match rustix::process::waitid(
         WaitId::PidFd(pidfd.as_fd()),
         WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
     ) {
-        Ok(Some(status)) => match status.exit_status() {
-            Some(0) => Ending::Stopped,
-            Some(EXIT_SANDBOX_OOM) => Ending::Oom,
-            Some(EXIT_SANDBOX_DIED) => Ending::Crashed,
-            _ => Ending::Crashed,
-        },
-        Ok(None) | Err(_) => Ending::Unknown,
+        Ok(Some(status)) => status
+            .exit_status()
+            .map_or(Ending::Crashed, deadline::ending_of),
+        Ok(None) | Err(_) => deadline::read_ending(ending_file).unwrap_or(Ending::Unknown),
     }
 }
 
@@ -408,10 +411,33 @@ fn launch_with(
     }
 }
 
-async fn connect(socket: &Path) -> Result<AgentClient, String> {
+/// Why the agent behind a supervisor's socket could not be reached.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("cannot connect to the supervisor")]
+    Socket(#[source] std::io::Error),
+    #[error("the agent did not answer the greeting in time")]
+    Timeout,
+    #[error("the greeting failed")]
+    Greeting(#[source] ClientError),
+}
+
+/// The error and its causes, for a log line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
     let stream = UnixStream::connect(socket)
         .await
-        .map_err(|e| format!("cannot connect to the supervisor: {e}"))?;
+        .map_err(ConnectError::Socket)?;
     match tokio::time::timeout(
         GREETING_TIMEOUT,
         AgentClient::connect(stream, first_request_id()),
@@ -419,9 +445,24 @@ async fn connect(socket: &Path) -> Result<AgentClient, String> {
     .await
     {
         Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the agent did not answer the greeting in time".to_owned()),
+        Ok(Err(e)) => Err(ConnectError::Greeting(e)),
+        Err(_) => Err(ConnectError::Timeout),
     }
+}
+
+/// Whether the process behind `pidfd` has exited (a pidfd polls readable
+/// once it has).
+fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(
+        pidfd,
+        rustix::event::PollFlags::IN,
+    )];
+    // A zero timeout: look, do not wait.
+    let now = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
 }
 
 fn signal(pidfd: &OwnedFd, signal: Signal) {
@@ -561,33 +602,67 @@ impl Backend for ProcessBackend {
                 resources,
                 ended,
             }),
-            Err(message) => {
+            Err(e) => {
                 let _ = self.destroy(id, Some(&resources)).await;
-                Err(CreateError::Failed(message))
+                Err(CreateError::Failed(chain(&e)))
             }
         }
     }
 
     async fn adopt(&self, id: &str, resources: &Resources) -> Result<Instance, AdoptError> {
         let Resources::Process {
-            supervisor_pid: Some(pid),
+            supervisor_pid,
             socket,
-        } = resources
-        else {
-            return Err(AdoptError::Gone);
+        } = resources;
+        let pid = supervisor_pid.ok_or(AdoptError::NotStarted)?;
+        let socket = Path::new(socket);
+        let gone = || AdoptError::Gone {
+            ending: deadline::read_ending(&deadline::ending_file(socket)),
         };
-        let pidfd = open_supervisor(*pid, id).ok_or(AdoptError::Gone)?;
-        let ended = self
-            .watch(id, pidfd)
-            .map_err(|e| AdoptError::Agent(e.to_string()))?;
-        match connect(Path::new(socket)).await {
-            Ok(agent) => Ok(Instance {
-                agent,
-                resources: resources.clone(),
-                ended,
-            }),
-            Err(message) => Err(AdoptError::Agent(message)),
+        let pidfd = open_supervisor(pid, id).ok_or_else(gone)?;
+        // Watched only once connected: a failed attempt leaves nothing
+        // behind, however often it is retried.
+        match connect(socket).await {
+            Ok(agent) => {
+                let ended = self
+                    .watch(id, pidfd)
+                    .map_err(|e| AdoptError::Unreachable(format!("cannot watch it: {e}")))?;
+                Ok(Instance {
+                    agent,
+                    resources: resources.clone(),
+                    ended,
+                })
+            }
+            // It ended meanwhile (or was ending: its socket is the last
+            // thing it removes).
+            Err(_) if has_exited(&pidfd) => Err(gone()),
+            // It answered, with nothing this daemon can use.
+            Err(ConnectError::Greeting(
+                e @ (ClientError::NoCommonVersion
+                | ClientError::Version(_)
+                | ClientError::Greeting(_)),
+            )) => Err(AdoptError::Incompatible(e)),
+            Err(e) => Err(AdoptError::Unreachable(chain(&e))),
         }
+    }
+
+    fn set_deadline(
+        &self,
+        id: &str,
+        resources: &Resources,
+        at_ms: i64,
+    ) -> Result<(), DeadlineError> {
+        let Resources::Process { socket, .. } = resources;
+        deadline::write_deadline(&deadline::deadline_file(Path::new(socket)), at_ms).map_err(
+            |source| DeadlineError {
+                id: id.to_owned(),
+                source,
+            },
+        )?;
+        if let Some(supervisor) = self.supervisor(id) {
+            signal(&supervisor.pidfd, deadline::NUDGE);
+        }
+        Ok(())
     }
 
     async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError> {
@@ -653,11 +728,12 @@ impl Backend for ProcessBackend {
         {
             reconciled.removed.extend(removed);
         }
-        // Sockets of sandboxes that are not kept.
+        // Sockets (and deadline and ending files) of sandboxes that are not
+        // kept.
         if let Ok(entries) = std::fs::read_dir(self.sockets()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(id) = name.strip_suffix(".sock") else {
+                let Some(id) = deadline::id_of_file(&name) else {
                     continue;
                 };
                 if !keep.contains(id) && std::fs::remove_file(entry.path()).is_ok() {
