@@ -33,6 +33,9 @@ pub const LIST_ALL_MAX_BYTES: usize = 64 << 20;
 /// Longest cursor of a listing: the agent's resume token for a path of
 /// PATH_MAX bytes, in base64.
 const MAX_CURSOR: usize = 6000;
+/// The first protocol version whose agents page and stream listings
+/// (`ListDirPage`, `ListDirStream`); older agents answer one frame.
+const LISTING_PROTOCOL: u32 = 2;
 
 /// A page of a listing.
 #[derive(Debug)]
@@ -425,6 +428,19 @@ impl Daemon {
                 return Err(DaemonError::BadInput("the cursor is not valid".into()));
             }
         }
+        if self.running(id)?.agent().version() < LISTING_PROTOCOL {
+            // An agent of version 1 (a sandbox from before an upgrade)
+            // cannot page: its whole listing is the one page.
+            if cursor.is_some() {
+                return Err(DaemonError::BadInput("the cursor is not valid".into()));
+            }
+            let mut entries = self.list_dir(id, path, depth).await?;
+            entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+            return Ok(DirPage {
+                entries,
+                next_cursor: None,
+            });
+        }
         match self
             .final_answer(
                 id,
@@ -468,6 +484,11 @@ impl Daemon {
             ))
         };
         let sandbox = self.running(id)?;
+        if sandbox.agent().version() < LISTING_PROTOCOL {
+            let mut entries = self.list_dir(id, path, depth).await?;
+            entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+            return Ok(entries);
+        }
         let mut events = sandbox
             .agent()
             .request(Request::ListDirStream {
