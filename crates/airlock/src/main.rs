@@ -1,6 +1,7 @@
 //! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
 
 mod client;
+mod egress_worker;
 mod net_args;
 mod run;
 mod serve;
@@ -40,6 +41,10 @@ enum Command {
     /// a unix socket, tear it down when it ends. Not for direct use.
     #[command(hide = true)]
     Supervise(supervise::SuperviseArgs),
+    /// The confined process serving the sandboxes' egress paths, started by
+    /// the daemon with its channel on stdin. Not for direct use.
+    #[command(hide = true)]
+    EgressWorker,
     /// The in-sandbox agent (PID 1 of every sandbox). Not for direct use.
     #[command(hide = true)]
     Agent {
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::main(*args),
         Command::Keys(command) => serve::keys(command),
         Command::Supervise(args) => supervise::main(args),
+        Command::EgressWorker => egress_worker::main(),
         Command::Agent { fd } => agent(fd),
     }
 }

@@ -163,14 +163,16 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
     Ok(spec)
 }
 
-/// Serves the sandbox's egress path from this process (the daemon does it
-/// for sandboxes it creates). Refusals are reported on stderr.
+/// Serves the sandbox's egress path from a confined worker process (as
+/// the daemon does for sandboxes it creates). Refusals are reported on
+/// stderr.
 fn serve_egress(
     args: &RunArgs,
     spec: &SandboxSpec,
     jail: &Jail,
 ) -> Result<airlock_egress::Attachment, String> {
-    let resolver = airlock_egress::resolver(&args.egress_host, None).map_err(|e| e.to_string())?;
+    // The names are checked here, so a bad entry is this command's error.
+    airlock_egress::resolver(&args.egress_host, None).map_err(|e| e.to_string())?;
     let events: airlock_egress::Events =
         std::sync::Arc::new(|event: airlock_egress::EgressEvent| {
             if !event.allowed {
@@ -180,7 +182,18 @@ fn serve_egress(
                 );
             }
         });
-    let egress = airlock_egress::Egress::new(resolver, events);
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the airlock binary: {e}"))?;
+    let egress = airlock_egress::Egress::confined(
+        crate::egress_worker::spawn(exe),
+        airlock_egress::WorkerConfig {
+            hosts: args.egress_host.clone(),
+            dns: None,
+            limits: airlock_egress::EgressLimits::default(),
+        },
+        events,
+    )
+    .map_err(|e| error_chain(&e))?;
     let netns = std::path::PathBuf::from(format!("/proc/{}/ns/net", jail.init_pid()));
     egress
         .attach(jail.id(), &netns, spec.network.clone())

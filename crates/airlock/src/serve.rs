@@ -214,7 +214,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("cannot find the airlock binary")?;
     let tag = instance_tag(&data_dir)?;
-    let backend = ProcessBackend::new(exe, tag.clone());
+    let backend = ProcessBackend::new(exe.clone(), tag.clone());
     backend.probe()?;
     let mut config = Config::new(data_dir.clone());
     config.admission = AdmissionLimits {
@@ -228,6 +228,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
+    config.egress_worker = Some(crate::egress_worker::spawn(exe));
     config.audit = AuditLimits {
         file_bytes: args.audit_file_size,
         files_kept: args.audit_files_kept,

@@ -75,6 +75,9 @@ pub struct Config {
     pub audit: audit::AuditLimits,
     /// What one sandbox's egress path may make the daemon do.
     pub egress_limits: airlock_egress::EgressLimits,
+    /// How to start the confined egress worker; `None` serves egress from
+    /// the daemon's own process (tests without the binary).
+    pub egress_worker: Option<airlock_egress::WorkerSpawn>,
 }
 
 /// What the machine can give one sandbox at most.
@@ -122,6 +125,7 @@ impl Config {
             e2b_internet: false,
             audit: audit::AuditLimits::default(),
             egress_limits: airlock_egress::EgressLimits::default(),
+            egress_worker: None,
         }
     }
 }
@@ -335,7 +339,19 @@ fn egress_path(
             );
         }
     });
-    Ok(airlock_egress::Egress::new(resolver, events).with_limits(config.egress_limits))
+    match &config.egress_worker {
+        Some(spawn) => airlock_egress::Egress::confined(
+            spawn.clone(),
+            airlock_egress::WorkerConfig {
+                hosts: config.egress_hosts.clone(),
+                dns: config.egress_dns,
+                limits: config.egress_limits,
+            },
+            events,
+        )
+        .map_err(|e| e.to_string()),
+        None => Ok(airlock_egress::Egress::new(resolver, events).with_limits(config.egress_limits)),
+    }
 }
 
 /// The daemon could not start.

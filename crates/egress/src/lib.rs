@@ -30,6 +30,7 @@ pub mod dns;
 pub mod limit;
 pub mod proxy;
 pub mod resolve;
+pub mod worker;
 
 use airlock_policy::NetworkPolicy;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -39,6 +40,7 @@ use tokio::task::JoinHandle;
 
 pub use limit::EgressLimits;
 pub use resolve::{resolver, HostsResolver, Resolve, ResolverError, SystemResolver};
+pub use worker::{serve_worker, WorkerConfig, WorkerError, WorkerSpawn};
 
 /// What the egress path reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,14 +75,30 @@ pub enum EgressError {
     },
     #[error("cannot bind the egress listeners in the sandbox's network namespace")]
     Bind(#[source] std::io::Error),
+    #[error("the egress worker cannot take the sandbox")]
+    Worker(#[source] Box<WorkerError>),
 }
 
-/// The egress path, shared by every sandbox of a daemon.
+/// `e` and its sources, as one line for the log.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The egress path, shared by every sandbox of a daemon: served from this
+/// process, or confined in a worker process ([`Egress::confined`]).
 #[derive(Clone)]
 pub struct Egress {
     resolver: Arc<dyn Resolve>,
     events: Events,
     limits: EgressLimits,
+    worker: Option<Arc<worker::Client>>,
 }
 
 /// The shared state of one sandbox's egress path.
@@ -147,14 +165,34 @@ impl Shared {
 
 /// The egress path of one sandbox; dropping it stops it.
 pub struct Attachment {
-    shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
+    served: Served,
+}
+
+enum Served {
+    /// By tasks of this process.
+    Here {
+        shared: Arc<Shared>,
+        tasks: Vec<JoinHandle<()>>,
+    },
+    /// By the worker.
+    Worker {
+        client: Arc<worker::Client>,
+        sandbox: String,
+        policy: RwLock<NetworkPolicy>,
+    },
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
+        match &self.served {
+            Served::Here { tasks, .. } => {
+                for task in tasks {
+                    task.abort();
+                }
+            }
+            Served::Worker {
+                client, sandbox, ..
+            } => client.detach(sandbox),
         }
     }
 }
@@ -162,31 +200,41 @@ impl Drop for Attachment {
 impl Attachment {
     /// The policy in force.
     pub fn policy(&self) -> NetworkPolicy {
-        self.shared.policy()
-    }
-
-    /// DNS queries and connections the path's bounds refused so far.
-    pub fn refused_by_limits(&self) -> u64 {
-        self.shared.dns.refused() + self.shared.connections.refused()
+        match &self.served {
+            Served::Here { shared, .. } => shared.policy(),
+            Served::Worker { policy, .. } => {
+                policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+            }
+        }
     }
 
     /// Replaces the policy; connections and lookups from now on follow it.
     pub fn set_policy(&self, policy: NetworkPolicy) {
-        *self
-            .shared
-            .policy
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = policy;
+        match &self.served {
+            Served::Here { shared, .. } => {
+                *shared.policy.write().unwrap_or_else(|p| p.into_inner()) = policy;
+            }
+            Served::Worker {
+                client,
+                sandbox,
+                policy: kept,
+            } => {
+                client.set_policy(sandbox, policy.clone());
+                *kept.write().unwrap_or_else(|p| p.into_inner()) = policy;
+            }
+        }
     }
 }
 
 impl Egress {
-    /// An egress path with the default [`EgressLimits`].
+    /// An egress path served from this process, with the default
+    /// [`EgressLimits`].
     pub fn new(resolver: Arc<dyn Resolve>, events: Events) -> Egress {
         Egress {
             resolver,
             events,
             limits: EgressLimits::default(),
+            worker: None,
         }
     }
 
@@ -194,6 +242,24 @@ impl Egress {
     pub fn with_limits(mut self, limits: EgressLimits) -> Egress {
         self.limits = limits;
         self
+    }
+
+    /// An egress path served by a confined worker process (see
+    /// [`worker`]), started now and kept running; `events` gets what it
+    /// reports.
+    pub fn confined(
+        spawn: WorkerSpawn,
+        config: WorkerConfig,
+        events: Events,
+    ) -> Result<Egress, WorkerError> {
+        let limits = config.limits;
+        let client = worker::Client::start(spawn, config, Arc::clone(&events))?;
+        Ok(Egress {
+            resolver: Arc::new(HostsResolver::default()),
+            events,
+            limits,
+            worker: Some(client),
+        })
     }
 
     /// Serves the egress path of `sandbox`, whose network namespace is at
@@ -206,6 +272,30 @@ impl Egress {
         policy: NetworkPolicy,
     ) -> Result<Attachment, EgressError> {
         let (tcp, dns) = bind_inside(netns)?;
+        match &self.worker {
+            Some(client) => {
+                client.attach(sandbox, tcp, dns, policy.clone())?;
+                Ok(Attachment {
+                    served: Served::Worker {
+                        client: Arc::clone(client),
+                        sandbox: sandbox.to_owned(),
+                        policy: RwLock::new(policy),
+                    },
+                })
+            }
+            None => self.serve(sandbox, tcp, dns, policy),
+        }
+    }
+
+    /// Serves `sandbox` from this process on listeners already bound in its
+    /// namespace. Must be called within a tokio runtime.
+    pub fn serve(
+        &self,
+        sandbox: &str,
+        tcp: Vec<TcpListener>,
+        dns: UdpSocket,
+        policy: NetworkPolicy,
+    ) -> Result<Attachment, EgressError> {
         let shared = Arc::new(Shared {
             sandbox: sandbox.to_owned(),
             policy: RwLock::new(policy),
@@ -224,13 +314,17 @@ impl Egress {
         });
         let mut tasks = Vec::new();
         for listener in tcp {
+            listener.set_nonblocking(true).map_err(EgressError::Bind)?;
             let listener =
                 tokio::net::TcpListener::from_std(listener).map_err(EgressError::Bind)?;
             tasks.push(tokio::spawn(proxy::serve(listener, Arc::clone(&shared))));
         }
+        dns.set_nonblocking(true).map_err(EgressError::Bind)?;
         let dns = tokio::net::UdpSocket::from_std(dns).map_err(EgressError::Bind)?;
         tasks.push(tokio::spawn(dns::serve(dns, Arc::clone(&shared))));
-        Ok(Attachment { shared, tasks })
+        Ok(Attachment {
+            served: Served::Here { shared, tasks },
+        })
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub const REPORT_EVERY: Duration = Duration::from_secs(1);
 
 /// The bounds of one sandbox's egress path.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EgressLimits {
     /// DNS queries answered per second, sustained.
     pub dns_per_second: f64,
@@ -156,6 +156,7 @@ impl Gate {
     }
 
     /// Work refused since the start.
+    #[cfg(test)]
     pub(crate) fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
     }

@@ -242,6 +242,25 @@ pub fn restrict_writes(
     Ok(status)
 }
 
+/// Takes every filesystem right of [`TARGET_ABI`] (reads and executes as
+/// well as writes) from the calling thread and the threads and processes it
+/// makes from now on: for a process that needs no file once it runs, such
+/// as the egress worker. Requires `no_new_privs`; best effort on kernels
+/// without Landlock (the status says what was enforced).
+pub fn forbid_filesystem() -> Result<LandlockStatus, LandlockError> {
+    let restricted = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(<AccessFs as landlock::Access>::from_all(TARGET_ABI))
+        .and_then(Ruleset::create)
+        .and_then(|ruleset| ruleset.restrict_self())
+        .map_err(LandlockError::Ruleset)?;
+    Ok(match restricted.ruleset {
+        RulesetStatus::FullyEnforced => LandlockStatus::Full,
+        RulesetStatus::PartiallyEnforced => LandlockStatus::Partial,
+        RulesetStatus::NotEnforced => LandlockStatus::NotEnforced,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -17,6 +17,10 @@ use std::time::Duration;
 
 /// First host uid handed to sandboxes; far above any real account.
 pub const UID_BASE: u32 = 1_000_000_000;
+/// The host user (and group) the egress worker runs as: just below the
+/// sandbox ranges, so it is no sandbox's and, on a normal host, nobody
+/// else's (not `nobody`, whose processes other services share).
+pub const EGRESS_WORKER_ID: u32 = UID_BASE - 1;
 /// Uids (and gids) each sandbox maps: 0..65536 inside.
 pub const UIDS_PER_SANDBOX: u32 = 65_536;
 /// Number of slots; keeps every host uid below 2^31.

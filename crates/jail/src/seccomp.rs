@@ -320,6 +320,43 @@ pub const RULES: &[Rule] = &[
 #[cfg(not(target_arch = "x86_64"))]
 pub const RULES: &[Rule] = &[];
 
+/// Socket families the egress worker may open.
+#[cfg(target_arch = "x86_64")]
+const WORKER_SOCKET_FAMILIES: [u32; 2] = [libc::AF_INET as u32, libc::AF_INET6 as u32];
+
+/// What the egress worker is denied on top of [`RULES`]. The worker parses
+/// hostile bytes (ClientHellos, HTTP heads, DNS queries) as an unprivileged
+/// user with no file access (Landlock); these rows take away what a
+/// compromised worker could still use to reach beyond its sockets.
+#[cfg(target_arch = "x86_64")]
+pub const WORKER_RULES: &[Rule] = &[
+    rule(libc::SYS_execve, "execve", "the worker runs no program: a compromised one must not start a shell or anything else"),
+    rule(libc::SYS_execveat, "execveat", "as execve"),
+    rule(libc::SYS_open, "open", "the worker opens no file once confined (its resolver configuration is read before)"),
+    rule(libc::SYS_openat, "openat", "as open"),
+    rule(libc::SYS_openat2, "openat2", "as open"),
+    rule(libc::SYS_creat, "creat", "as open"),
+    rule(libc::SYS_kill, "kill", "the worker signals no process (abort uses tgkill on itself)"),
+    Rule {
+        syscall: libc::SYS_socket,
+        name: "socket",
+        deny: Deny::UnlessArgIn { arg: 0, values: &WORKER_SOCKET_FAMILIES },
+        errno: libc::EPERM,
+        reason: "the worker needs only TCP and UDP over IPv4 and IPv6: no unix sockets (the daemon's and supervisors' sockets), no netlink, no packet sockets",
+    },
+    Rule {
+        syscall: libc::SYS_socketpair,
+        name: "socketpair",
+        deny: Deny::Always,
+        errno: libc::EPERM,
+        reason: "the worker makes no local channels; its one channel to the daemon is given to it",
+    },
+];
+
+/// No table for other architectures; see the module docs.
+#[cfg(not(target_arch = "x86_64"))]
+pub const WORKER_RULES: &[Rule] = &[];
+
 /// An unconditional EPERM row.
 #[cfg(target_arch = "x86_64")]
 const fn rule(syscall: i64, name: &'static str, reason: &'static str) -> Rule {
@@ -346,6 +383,21 @@ pub fn sandbox_filter() -> Result<BpfProgram, SeccompError> {
     #[cfg(target_arch = "x86_64")]
     {
         compile(RULES, i32::unsigned_abs)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Err(SeccompError::UnsupportedArch {
+            arch: std::env::consts::ARCH,
+        })
+    }
+}
+
+/// Builds the egress worker's filter: [`RULES`] and [`WORKER_RULES`].
+pub fn worker_filter() -> Result<BpfProgram, SeccompError> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let rules: Vec<Rule> = RULES.iter().chain(WORKER_RULES).copied().collect();
+        compile(&rules, i32::unsigned_abs)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -1071,8 +1123,16 @@ mod tests {
     /// Runs every reviewed denial in its own child under `program` and
     /// asserts that each probe fails with `errno_of(denial)`.
     fn assert_every_denial_enforced(program: &BpfProgram, errno_of: impl Fn(&Denial) -> i32) {
+        assert_denials_enforced(program, reviewed_denials(), errno_of);
+    }
+
+    fn assert_denials_enforced(
+        program: &BpfProgram,
+        denials: Vec<Denial>,
+        errno_of: impl Fn(&Denial) -> i32,
+    ) {
         let mut failures = Vec::new();
-        for denial in reviewed_denials() {
+        for denial in denials {
             let want = errno_of(&denial);
             match run_probes(program, &denial.probes) {
                 Err(ended) => failures.push(format!("{}: child ended {ended:?}", denial.name)),
@@ -1258,6 +1318,129 @@ mod tests {
     fn every_denial_comes_from_the_filter() {
         let program = compile(RULES, |errno| (errno + MARKER).unsigned_abs()).unwrap();
         assert_every_denial_enforced(&program, |denial| denial.errno + MARKER);
+    }
+
+    // ---------------------------------------------------------------------
+    // The egress worker's rows.
+
+    /// What the worker must be denied beyond the sandbox's table, written
+    /// out again. Probes fail harmlessly unfiltered (EFAULT, EBADF) or make
+    /// a socket that the child drops as it exits.
+    fn reviewed_worker_denials() -> Vec<Denial> {
+        use libc::*;
+        const NULL: u64 = 0;
+        const FD: u64 = u64::MAX; // -1
+        let eperm = |nr, name, calls: &[([u64; 6], &'static str)]| denial(nr, name, EPERM, calls);
+        let stream = SOCK_STREAM as u64;
+        vec![
+            eperm(SYS_execve, "execve", &[([NULL; 6], "execve(NULL)")]),
+            eperm(
+                SYS_execveat,
+                "execveat",
+                &[([FD, NULL, NULL, NULL, 0, 0], "execveat(-1, NULL)")],
+            ),
+            eperm(SYS_open, "open", &[([NULL; 6], "open(NULL)")]),
+            eperm(
+                SYS_openat,
+                "openat",
+                &[([FD, NULL, 0, 0, 0, 0], "openat(-1, NULL)")],
+            ),
+            eperm(
+                SYS_openat2,
+                "openat2",
+                &[([FD, NULL, NULL, 0, 0, 0], "openat2(-1, NULL)")],
+            ),
+            eperm(SYS_creat, "creat", &[([NULL; 6], "creat(NULL)")]),
+            // Signal 0 to our own process group: a no-op that succeeds
+            // unfiltered.
+            eperm(SYS_kill, "kill", &[([0, 0, 0, 0, 0, 0], "kill(0, 0)")]),
+            eperm(
+                SYS_socket,
+                "socket",
+                &[
+                    ([AF_UNIX as u64, stream, 0, 0, 0, 0], "socket(AF_UNIX)"),
+                    (
+                        [AF_NETLINK as u64, SOCK_RAW as u64, 0, 0, 0, 0],
+                        "socket(AF_NETLINK)",
+                    ),
+                    (
+                        [AF_PACKET as u64, SOCK_RAW as u64, 0, 0, 0, 0],
+                        "socket(AF_PACKET)",
+                    ),
+                    (
+                        [(1u64 << 32) | AF_UNIX as u64, stream, 0, 0, 0, 0],
+                        "socket(AF_UNIX) with high bits set",
+                    ),
+                ],
+            ),
+            eperm(
+                SYS_socketpair,
+                "socketpair",
+                &[(
+                    [AF_UNIX as u64, stream, 0, NULL, 0, 0],
+                    "socketpair(AF_UNIX, NULL)",
+                )],
+            ),
+        ]
+    }
+
+    fn worker_rules_marked() -> BpfProgram {
+        let rules: Vec<Rule> = RULES.iter().chain(WORKER_RULES).copied().collect();
+        compile(&rules, |errno| (errno + MARKER).unsigned_abs()).unwrap()
+    }
+
+    #[test]
+    fn worker_table_matches_its_reviewed_list() {
+        let reviewed = reviewed_worker_denials();
+        assert_eq!(reviewed.len(), WORKER_RULES.len());
+        for denial in &reviewed {
+            let rule = WORKER_RULES
+                .iter()
+                .find(|rule| rule.syscall == denial.nr)
+                .unwrap_or_else(|| panic!("{} is not in the worker table", denial.name));
+            assert_eq!(rule.name, denial.name);
+            assert!(!rule.reason.is_empty());
+        }
+    }
+
+    /// Each worker row gets its errno, from the filter (shifted errnos),
+    /// under the worker's program, which keeps every sandbox row too.
+    #[test]
+    fn every_worker_denial_comes_from_the_filter() {
+        let program = worker_rules_marked();
+        assert_denials_enforced(&program, reviewed_worker_denials(), |d| d.errno + MARKER);
+        assert_denials_enforced(&program, reviewed_denials(), |d| d.errno + MARKER);
+        assert_denials_enforced(&worker_filter().unwrap(), reviewed_worker_denials(), |d| {
+            d.errno
+        });
+    }
+
+    /// What the worker does all day still works under its filter: TCP and
+    /// UDP sockets of both families, and threads.
+    #[test]
+    fn the_worker_keeps_its_sockets_and_threads() {
+        let program = worker_filter().unwrap();
+        let ended = in_child(|| {
+            if let Err(code) = enter(&program) {
+                return code;
+            }
+            for (family, kind) in [
+                (libc::AF_INET, libc::SOCK_STREAM),
+                (libc::AF_INET6, libc::SOCK_STREAM),
+                (libc::AF_INET, libc::SOCK_DGRAM),
+                (libc::AF_INET6, libc::SOCK_DGRAM),
+            ] {
+                let (ret, _) = raw(libc::SYS_socket, [family as u64, kind as u64, 0, 0, 0, 0]);
+                if ret < 0 {
+                    return 10;
+                }
+            }
+            match std::thread::spawn(|| 7).join() {
+                Ok(7) => 0,
+                _ => 11,
+            }
+        });
+        assert_eq!(ended, Ended::Exited(0));
     }
 
     // ---------------------------------------------------------------------
