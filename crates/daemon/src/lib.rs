@@ -492,12 +492,12 @@ pub(crate) fn identity(user: airlock_policy::RunAs) -> airlock_protocol::Identit
 }
 
 /// The limits the agent applies to every process of a sandbox with
-/// `limits`: a file may grow to the disk quota (plus a page, so the quota
-/// itself is what stops it).
+/// `limits`: a file may grow to the writable layer's size (plus a page, so
+/// the layer's ENOSPC is what stops it).
 pub(crate) fn process_limits(limits: &airlock_policy::Limits) -> airlock_protocol::ProcessLimits {
     airlock_protocol::ProcessLimits {
         nofile: limits.nofile,
-        fsize_bytes: limits.disk_bytes + 4096,
+        fsize_bytes: limits.writable_layer_bytes() + 4096,
     }
 }
 
