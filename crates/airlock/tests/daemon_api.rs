@@ -472,6 +472,28 @@ fn an_upload_larger_than_memory_answers_507_and_the_sandbox_lives() {
 }
 
 #[test]
+fn a_body_framed_two_ways_is_400_and_keys_of_either_shape_work() {
+    let daemon = TestDaemon::start(&[]);
+    // Content-Length and Transfer-Encoding: hyper reads the body as chunked
+    // (dropping the length), the plain body is no chunk, and the answer is
+    // a 400 that closes the connection (it was a 413).
+    let answer = raw_request(
+        &daemon.url,
+        &format!(
+            "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{{}}",
+            daemon.key
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"code\":\"bad_request\""), "{answer}");
+    let listed = daemon.call("GET", "/v1/sandboxes", None).json();
+    assert_eq!(listed["items"], json!([]), "nothing was created");
+
+    // The admin key the daemon made is shaped as every e2b SDK 2.x wants.
+    assert!(daemon.key.starts_with("e2b_"), "{}", daemon.key);
+}
+
+#[test]
 fn watches_stream_changes_until_the_client_leaves() {
     let daemon = TestDaemon::start(&[]);
     let id = id_of(&daemon.create(json!({})));

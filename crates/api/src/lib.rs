@@ -92,13 +92,21 @@ async fn healthz() -> Json<types::Health> {
     })
 }
 
-/// Prometheus metrics.
+/// Prometheus metrics of the whole daemon, every tenant's sandboxes
+/// together: admin keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
         (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
         (status = 401, description = "No valid API key", body = error::ErrorBody),
+        (status = 403, description = "Not an admin key", body = error::ErrorBody),
     ))]
-async fn metrics(State(api): State<Api>) -> Response {
+async fn metrics(
+    State(api): State<Api>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Response {
+    if let Err(refused) = caller.admin() {
+        return refused.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -199,11 +207,13 @@ async fn read_whole_body(request: Request, next: Next) -> Response {
 }
 
 /// The request with its body read whole (up to [`MAX_JSON_BYTES`]), or the
-/// 413 answer that closes the connection.
+/// answer that closes the connection: 413 past the limit, 400 for a body
+/// that is not framed as its headers say.
 pub(crate) async fn buffered(request: Request) -> Result<Request, Response> {
     let (parts, body) = request.into_parts();
     match axum::body::to_bytes(body, MAX_JSON_BYTES).await {
         Ok(bytes) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Err(e) if !error::too_long(&e) => Err(closing(error::unreadable_body().into_response())),
         Err(_) => Err(closing(
             error::ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

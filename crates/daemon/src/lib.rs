@@ -151,6 +151,10 @@ pub enum DaemonError {
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
+    /// The state database is unavailable for now (busy, locked, its disk
+    /// failing) (503 with Retry-After); the message goes to the log only.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something failed inside the daemon; the message goes to the log only.
     #[error("{0}")]
     Internal(String),
@@ -183,6 +187,12 @@ impl From<StoreError> for DaemonError {
             StoreError::InvalidCursor => DaemonError::BadInput("the cursor is not valid".into()),
             StoreError::InvalidLimit { .. } => {
                 DaemonError::BadInput("limit must be between 1 and 1000".into())
+            }
+            other if other.is_unavailable() => {
+                let cause = std::error::Error::source(&other)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                DaemonError::Unavailable(format!("store: {other}: {cause}"))
             }
             other => DaemonError::Internal(format!("store: {other}")),
         }
