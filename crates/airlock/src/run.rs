@@ -41,7 +41,8 @@ pub struct RunArgs {
     /// Maximum number of processes and threads.
     #[arg(long, default_value_t = airlock_policy::DEFAULT_PIDS, value_name = "N")]
     pids: u32,
-    /// Size of the private writable layer (/, /tmp, /home/user).
+    /// Size of the private writable layer (/, /tmp, /home/user); at most
+    /// three quarters of --memory, since the layer is memory.
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     disk: String,
     /// Wall-clock limit; the whole sandbox is killed at it.
@@ -371,10 +372,10 @@ async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<
             output_limit: spec.limits.output_bytes,
             limits: ProcessLimits {
                 nofile: spec.limits.nofile,
-                // One page over the disk quota: on the sandbox's own disk the
-                // quota's ENOSPC comes first; the limit still caps any one
-                // file written to a read-write host mount.
-                fsize_bytes: spec.limits.disk_bytes + 4096,
+                // One page over the writable layer: on the sandbox's own
+                // disk the layer's ENOSPC comes first; the limit still caps
+                // any one file written to a read-write host mount.
+                fsize_bytes: spec.limits.writable_layer_bytes() + 4096,
             },
         }))
         .await

@@ -364,6 +364,26 @@ pub fn keys(command: KeysCommand) -> ExitCode {
     }
 }
 
+/// The daemon's existing state database in `--data-dir` (or its default).
+/// Keys commands never create one: a key written into a database no
+/// daemon reads would be printed and then refused.
+fn existing_store(data_dir: Option<PathBuf>) -> anyhow::Result<Store> {
+    let (dir, chosen) = match data_dir {
+        Some(dir) => (dir, "--data-dir / AIRLOCK_DATA_DIR"),
+        None => (default_data_dir(), "the default"),
+    };
+    let path = dir.join("airlock.db");
+    if !path.is_file() {
+        bail!(
+            "no airlock state database in {} ({chosen}); nothing was created. Point at the \
+             running daemon's data directory with --data-dir DIR or AIRLOCK_DATA_DIR=DIR \
+             (the one `airlock serve` was started with), or start the daemon once there first",
+            dir.display()
+        );
+    }
+    Store::open(&path).with_context(|| format!("cannot open the state database {}", path.display()))
+}
+
 fn run_keys(command: KeysCommand) -> anyhow::Result<()> {
     match command {
         KeysCommand::Create {
@@ -371,7 +391,7 @@ fn run_keys(command: KeysCommand) -> anyhow::Result<()> {
             admin,
             common,
         } => {
-            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            let store = existing_store(common.data_dir)?;
             let (row, secret) = store.create_key(&name, admin)?;
             if common.json {
                 println!(
@@ -387,7 +407,7 @@ fn run_keys(command: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::List { common } => {
-            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            let store = existing_store(common.data_dir)?;
             let keys = store.list_keys()?;
             if common.json {
                 println!("{}", serde_json::to_string(&keys)?);
@@ -409,7 +429,7 @@ fn run_keys(command: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Revoke { id, common } => {
-            let store = open_store(&common.data_dir.unwrap_or_else(default_data_dir))?;
+            let store = existing_store(common.data_dir)?;
             store
                 .revoke_key(&id)
                 .with_context(|| format!("cannot revoke {id}"))?;

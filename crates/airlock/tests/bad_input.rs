@@ -89,3 +89,62 @@ fn bad_env() {
 fn missing_command() {
     assert_refused(&["--memory", "64M"], "CMD");
 }
+
+/// `airlock keys` with no database at the data directory: a clear error
+/// naming the directory and how to point at the daemon's, exit 1, and
+/// nothing created (before, it made the directory and a database no daemon
+/// reads, and printed a key that daemon would refuse).
+#[test]
+fn keys_refuse_to_create_a_state_directory() {
+    let temp = tempfile::tempdir().unwrap();
+    let missing = temp.path().join("not-there");
+    let empty = temp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let keys = |args: &[&str], env_dir: Option<&std::path::Path>| {
+        let mut command = std::process::Command::new(binary());
+        command
+            .arg("keys")
+            .args(args)
+            .env_remove("AIRLOCK_DATA_DIR");
+        if let Some(dir) = env_dir {
+            command.env("AIRLOCK_DATA_DIR", dir);
+        }
+        command.output().unwrap()
+    };
+    let missing_arg = missing.to_str().unwrap();
+    for (args, env_dir, dir) in [
+        (
+            vec!["create", "ci", "--data-dir", missing_arg],
+            None,
+            &missing,
+        ),
+        (vec!["list", "--data-dir", missing_arg], None, &missing),
+        (
+            vec!["revoke", "key-000000000000", "--data-dir", missing_arg],
+            None,
+            &missing,
+        ),
+        (
+            vec!["create", "ci", "--admin"],
+            Some(empty.as_path()),
+            &empty,
+        ),
+    ] {
+        let out = keys(&args, env_dir);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "no key printed: {args:?}");
+        assert!(
+            stderr.contains(&dir.display().to_string())
+                && stderr.contains("--data-dir")
+                && stderr.contains("AIRLOCK_DATA_DIR"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert!(!missing.exists(), "the directory was not created");
+    assert_eq!(
+        std::fs::read_dir(&empty).unwrap().count(),
+        0,
+        "nothing was created in an existing directory"
+    );
+}

@@ -551,6 +551,77 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
 }
 
 #[test]
+fn an_upload_larger_than_memory_answers_507_and_the_sandbox_lives() {
+    // 256M of memory and the default disk limit (1G): the writable layer is
+    // memory, so it must end well inside the memory limit.
+    let daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"limits": {"memory": "256M"}}));
+    let id = id_of(&created);
+    assert_eq!(created["limits"]["disk_bytes"], 192 << 20, "{created}");
+    let base = format!("/v1/sandboxes/{id}");
+    let key = daemon.key.clone();
+    let kept = daemon.call_as(
+        Some(&key),
+        "PUT",
+        &format!("{base}/files?path=/home/user/kept.txt"),
+        Some(b"still here"),
+        Some("application/octet-stream"),
+        &[],
+    );
+    assert_eq!(kept.status, 201, "{}", kept.text());
+
+    let big = daemon.call_streamed(
+        Some(&key),
+        "PUT",
+        &format!("{base}/files?path=/home/user/big.bin"),
+        300 << 20,
+        &[("Content-Type", "application/octet-stream")],
+    );
+    let got = daemon.call("GET", &base, None).json();
+    assert_eq!(
+        (got["state"].as_str(), big.status),
+        (Some("running"), 507),
+        "{got} {}",
+        big.text()
+    );
+    assert_eq!(big.code(), "insufficient_storage");
+    let read = daemon.call(
+        "GET",
+        &format!("{base}/files?path=/home/user/kept.txt"),
+        None,
+    );
+    assert_eq!((read.status, read.text().as_str()), (200, "still here"));
+    // Nothing of the refused upload is left, and the layer is usable again.
+    let (out, code) = daemon.sh_out(
+        &id,
+        "ls -A /home/user; echo more > /home/user/after.txt && cat /home/user/after.txt",
+    );
+    assert_eq!((out.as_str(), code), ("kept.txt\nmore\n", 0));
+}
+
+#[test]
+fn a_body_framed_two_ways_is_400_and_keys_of_either_shape_work() {
+    let daemon = TestDaemon::start(&[]);
+    // Content-Length and Transfer-Encoding: hyper reads the body as chunked
+    // (dropping the length), the plain body is no chunk, and the answer is
+    // a 400 that closes the connection (it was a 413).
+    let answer = raw_request(
+        &daemon.url,
+        &format!(
+            "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{{}}",
+            daemon.key
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"code\":\"bad_request\""), "{answer}");
+    let listed = daemon.call("GET", "/v1/sandboxes", None).json();
+    assert_eq!(listed["items"], json!([]), "nothing was created");
+
+    // The admin key the daemon made is shaped as every e2b SDK 2.x wants.
+    assert!(daemon.key.starts_with("e2b_"), "{}", daemon.key);
+}
+
+#[test]
 fn watches_stream_changes_until_the_client_leaves() {
     let daemon = TestDaemon::start(&[]);
     let id = id_of(&daemon.create(json!({})));

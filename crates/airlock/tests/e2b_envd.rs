@@ -441,6 +441,57 @@ fn a_killed_sandbox_ends_a_running_command_with_an_error() {
 }
 
 #[test]
+fn an_upload_past_the_disk_answers_507_as_envd_and_the_sandbox_lives() {
+    let daemon = TestDaemon::start(&[]);
+    // 256M of memory and the default disk limit: the writable layer ends
+    // well inside the memory limit.
+    let created = daemon.create(json!({"limits": {"memory": "256M"}, "timeout_s": 120}));
+    let sbx = Sandbox {
+        daemon: &daemon,
+        id: created["id"].as_str().unwrap().to_owned(),
+        token: created["access_token"].as_str().unwrap().to_owned(),
+    };
+    let kept = sbx.raw(
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fkept.txt",
+        Some(b"still here"),
+        Some("application/octet-stream"),
+        &[],
+    );
+    assert_eq!(kept.status, 200, "{}", kept.text());
+
+    let big = daemon.call_streamed(
+        None,
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fbig.bin",
+        300 << 20,
+        &[
+            ("E2b-Sandbox-Id", sbx.id.as_str()),
+            ("E2b-Sandbox-Port", "49983"),
+            ("X-Access-Token", sbx.token.as_str()),
+            ("Content-Type", "application/octet-stream"),
+        ],
+    );
+    assert_eq!(big.status, 507, "{}", big.text());
+    assert_eq!(big.json()["code"], 507, "envd's error body");
+    assert_eq!(sbx.raw("GET", "/health", None, None, &[]).status, 204);
+    let down = sbx.raw(
+        "GET",
+        "/files?path=%2Fhome%2Fuser%2Fkept.txt",
+        None,
+        None,
+        &[],
+    );
+    assert_eq!(
+        (down.status, down.body.as_slice()),
+        (200, &b"still here"[..])
+    );
+    let (out, _, end) = sbx.run("ls -A /home/user | grep -v '^\\.'; df -k /home/user | tail -1");
+    assert_eq!(end["exitCode"].as_i64().unwrap_or(0), 0, "{end}");
+    assert!(out.starts_with("kept.txt\n"), "{out}");
+}
+
+#[test]
 fn the_filesystem_round_trips_and_watches() {
     let daemon = TestDaemon::start(&[]);
     let sbx = Sandbox::new(&daemon);

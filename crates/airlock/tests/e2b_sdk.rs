@@ -1,6 +1,7 @@
 //! The unmodified e2b SDKs against a real `airlock serve`: the pytest suite
-//! in `tests/e2b/` under each pinned Python SDK (latest 2.x and the oldest
-//! 2.x that honours `E2B_SANDBOX_URL`), and `tests/e2b-js/` under the pinned
+//! in `tests/e2b/` under each pinned Python SDK (latest 2.x, 2.45.1 which
+//! checks the API key's shape, and the oldest 2.x that honours
+//! `E2B_SANDBOX_URL`), and `tests/e2b-js/` under the pinned
 //! JS SDK, with only `E2B_API_URL`, `E2B_SANDBOX_URL` and `E2B_API_KEY` set.
 //!
 //! The SDKs are installed by `scripts/deps` (venvs in /opt/airlock/e2b-*,
@@ -50,6 +51,14 @@ const VENVS: &[Venv] = &[
         name: "e2b 2.63.0 (latest 2.x) + e2b-code-interpreter 2.11.5",
         path: "/opt/airlock/e2b-latest",
         skip: &[],
+    },
+    Venv {
+        name: "e2b 2.45.1 (newest 2.x that refuses keys not shaped e2b_<hex>)",
+        path: "/opt/airlock/e2b-keycheck",
+        // Run without E2B_VALIDATE_API_KEY (e2b_env removes it): the
+        // daemon's key must pass the SDK's own check. The code interpreter
+        // and network cases run on the latest venv.
+        skip: &["test_code_interpreter.py", "test_network.py"],
     },
     Venv {
         name: "e2b 2.7.0 (oldest 2.x honouring E2B_SANDBOX_URL)",

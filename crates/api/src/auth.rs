@@ -1,6 +1,7 @@
 //! Who is calling.
 //!
-//! An API key (`X-API-Key: al_…` or `Authorization: Bearer al_…`) opens
+//! An API key (`X-API-Key: e2b_…` or `Authorization: Bearer e2b_…`; keys
+//! made before are `al_…` and still valid) opens
 //! every route; its owner sees its own sandboxes (an admin key sees all).
 //! A sandbox's access token (`X-Access-Token: at_…` or a bearer token that
 //! is not an API key) opens only the data-plane routes of that one sandbox:
@@ -32,6 +33,19 @@ impl Caller {
                 "this call needs an API key; an access token opens only its sandbox's data plane",
             )),
         }
+    }
+
+    /// The key, for calls only an admin key may make (403 for any other).
+    pub fn admin(&self) -> Result<&KeyRow, ApiError> {
+        let key = self.key()?;
+        if !key.is_admin {
+            return Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "forbidden",
+                "this call needs an admin API key",
+            ));
+        }
+        Ok(key)
     }
 
     /// Checks the caller may use sandbox `id`; an unknown sandbox and one the
@@ -88,11 +102,14 @@ pub fn authenticate(
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
-    let key = header_str(headers, "x-api-key").or(bearer.filter(|b| b.starts_with("al_")));
+    let key =
+        header_str(headers, "x-api-key").or(bearer.filter(|b| airlock_store::is_key_secret(b)));
     if let Some(secret) = key {
         return match daemon.with_store(|s| s.verify_key(secret)) {
             Ok(Some(row)) => Ok(Caller::Key(row)),
-            _ => Err(ApiError::unauthorized()),
+            Ok(None) => Err(ApiError::unauthorized()),
+            // A store that cannot answer says nothing about the key.
+            Err(e) => Err(ApiError::from(airlock_daemon::DaemonError::from(e))),
         };
     }
     let token = header_str(headers, "x-access-token").or(bearer);

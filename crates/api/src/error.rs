@@ -9,6 +9,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+/// Seconds a client is asked to wait when the store is unavailable.
+pub const UNAVAILABLE_RETRY_SECS: u64 = 1;
+
 /// The body of every error answer.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
@@ -109,6 +112,15 @@ impl From<DaemonError> for ApiError {
                     retry_after: Some(rejected.retry_after_secs()),
                 }
             }
+            DaemonError::Unavailable(detail) => {
+                tracing::warn!("unavailable: {detail}");
+                ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "unavailable",
+                    message: "the daemon's state database is unavailable for now; try again".into(),
+                    retry_after: Some(UNAVAILABLE_RETRY_SECS),
+                }
+            }
             DaemonError::Internal(detail) => {
                 tracing::error!("internal error: {detail}");
                 ApiError::new(
@@ -129,6 +141,7 @@ impl From<JsonRejection> for ApiError {
                 "unsupported_media_type",
                 "the body must be JSON with Content-Type: application/json",
             ),
+            JsonRejection::BytesRejection(e) if !too_long(&e) => unreadable_body(),
             JsonRejection::BytesRejection(_) => ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
@@ -144,6 +157,30 @@ impl From<QueryRejection> for ApiError {
     fn from(rejection: QueryRejection) -> ApiError {
         ApiError::bad_request(rejection.body_text())
     }
+}
+
+/// Whether a body could not be read because it was longer than its limit
+/// (`http_body_util::Limited`), as opposed to malformed: a broken chunked
+/// encoding (which is also what a request with both `Content-Length` and
+/// `Transfer-Encoding: chunked` gets, since hyper then reads it as chunked)
+/// or a connection that broke off.
+pub fn too_long(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+/// The answer to a request body that could not be read and was not too
+/// long: 400.
+pub fn unreadable_body() -> ApiError {
+    ApiError::bad_request(
+        "the request body could not be read: it is not framed as its headers say (a request may not carry both Content-Length and Transfer-Encoding)",
+    )
 }
 
 /// Fallback for unknown routes.

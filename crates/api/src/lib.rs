@@ -46,8 +46,10 @@ pub const SMALL_BODY_DEADLINE: std::time::Duration = std::time::Duration::from_s
 /// Why a small body could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SmallBodyError {
-    /// Larger than [`MAX_JSON_BYTES`] (or broken off).
+    /// Larger than [`MAX_JSON_BYTES`].
     TooLarge,
+    /// Not framed as its headers say, or broken off.
+    Unreadable,
     /// Not all there within [`SMALL_BODY_DEADLINE`].
     TooSlow,
 }
@@ -64,7 +66,8 @@ pub(crate) async fn read_small_body(
     .await
     {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(SmallBodyError::TooLarge),
+        Ok(Err(e)) if error::too_long(&e) => Err(SmallBodyError::TooLarge),
+        Ok(Err(_)) => Err(SmallBodyError::Unreadable),
         Err(_) => Err(SmallBodyError::TooSlow),
     }
 }
@@ -123,13 +126,21 @@ async fn healthz() -> Json<types::Health> {
     })
 }
 
-/// Prometheus metrics.
+/// Prometheus metrics of the whole daemon, every tenant's sandboxes
+/// together: admin keys only.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses(
         (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
         (status = 401, description = "No valid API key", body = error::ErrorBody),
+        (status = 403, description = "Not an admin key", body = error::ErrorBody),
     ))]
-async fn metrics(State(api): State<Api>) -> Response {
+async fn metrics(
+    State(api): State<Api>,
+    axum::Extension(caller): axum::Extension<Caller>,
+) -> Response {
+    if let Err(refused) = caller.admin() {
+        return refused.into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -230,11 +241,13 @@ async fn read_whole_body(request: Request, next: Next) -> Response {
 }
 
 /// The request with its body read whole (up to [`MAX_JSON_BYTES`]), or the
-/// 413 answer that closes the connection.
+/// answer that closes the connection: 413 past the limit, 400 for a body
+/// that is not framed as its headers say.
 pub(crate) async fn buffered(request: Request) -> Result<Request, Response> {
     let (parts, body) = request.into_parts();
     match read_small_body(body).await {
         Ok(bytes) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Err(SmallBodyError::Unreadable) => Err(closing(error::unreadable_body().into_response())),
         Err(SmallBodyError::TooLarge) => Err(closing(
             error::ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,

@@ -516,12 +516,17 @@ pub async fn write_stdin(
     body: std::result::Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<StatusCode> {
     caller.may_use(&api.daemon, &id)?;
-    let body = body.map_err(|_| {
-        ApiError::new(
+    let body = body.map_err(|e| match e {
+        axum::extract::rejection::BytesRejection::FailedToBufferBody(e)
+            if !crate::error::too_long(&e) =>
+        {
+            crate::error::unreadable_body()
+        }
+        _ => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             "stdin writes are limited to 1 MiB each",
-        )
+        ),
     })?;
     api.daemon
         .write_stdin(&id, pid_of(&pid)?, body.to_vec())

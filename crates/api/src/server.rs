@@ -255,7 +255,7 @@ const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
 content-type: application/json\r\n\
 retry-after: 1\r\n\
 connection: close\r\n\
-content-length: 100\r\n\r\n\
+content-length: 97\r\n\r\n\
 {\"code\":\"too_many_connections\",\"message\":\"the daemon has as many connections as it takes; retry\"}";
 
 /// Refused connections being answered at once; past it they are just

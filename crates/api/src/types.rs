@@ -279,6 +279,8 @@ pub struct LimitsView {
     pub memory_bytes: u64,
     pub cpu_millis: u32,
     pub pids: u32,
+    /// The writable layer's size: the disk limit asked for, at most three
+    /// quarters of the memory limit.
     pub disk_bytes: u64,
 }
 
@@ -337,7 +339,7 @@ impl SandboxView {
                 memory_bytes: limits.memory_bytes,
                 cpu_millis: limits.cpu_millis,
                 pids: limits.pids,
-                disk_bytes: limits.disk_bytes,
+                disk_bytes: limits.writable_layer_bytes(),
             },
             created_at: rfc3339(row.created_at),
             expires_at: rfc3339(row.expires_at),

@@ -161,6 +161,10 @@ pub enum DaemonError {
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
+    /// The state database is unavailable for now (busy, locked, its disk
+    /// failing) (503 with Retry-After); the message goes to the log only.
+    #[error("{0}")]
+    Unavailable(String),
     /// Something failed inside the daemon; the message goes to the log only.
     #[error("{0}")]
     Internal(String),
@@ -193,6 +197,12 @@ impl From<StoreError> for DaemonError {
             StoreError::InvalidCursor => DaemonError::BadInput("the cursor is not valid".into()),
             StoreError::InvalidLimit { .. } => {
                 DaemonError::BadInput("limit must be between 1 and 1000".into())
+            }
+            other if other.is_unavailable() => {
+                let cause = std::error::Error::source(&other)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                DaemonError::Unavailable(format!("store: {other}: {cause}"))
             }
             other => DaemonError::Internal(format!("store: {other}")),
         }
@@ -540,12 +550,12 @@ pub(crate) fn identity(user: airlock_policy::RunAs) -> airlock_protocol::Identit
 }
 
 /// The limits the agent applies to every process of a sandbox with
-/// `limits`: a file may grow to the disk quota (plus a page, so the quota
-/// itself is what stops it).
+/// `limits`: a file may grow to the writable layer's size (plus a page, so
+/// the layer's ENOSPC is what stops it).
 pub(crate) fn process_limits(limits: &airlock_policy::Limits) -> airlock_protocol::ProcessLimits {
     airlock_protocol::ProcessLimits {
         nofile: limits.nofile,
-        fsize_bytes: limits.disk_bytes + 4096,
+        fsize_bytes: limits.writable_layer_bytes() + 4096,
     }
 }
 

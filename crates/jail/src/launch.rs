@@ -256,7 +256,7 @@ impl Jail {
             rootfs,
             stage: runtime.stage(),
             template_dir,
-            disk_bytes: spec.limits.disk_bytes,
+            disk_bytes: spec.limits.writable_layer_bytes(),
             go_read,
             cgroup_read,
             err_write,

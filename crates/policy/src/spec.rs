@@ -13,6 +13,12 @@ pub const DEFAULT_CPU_MILLIS: u32 = 1000;
 pub const DEFAULT_PIDS: u32 = 256;
 /// Default size of the private writable layer (root upper, /tmp, /home/user).
 pub const DEFAULT_DISK_BYTES: u64 = 1 << 30;
+/// The writable layer may fill at most this share of the memory limit
+/// (numerator over 4): it is a tmpfs whose pages count against the memory
+/// cgroup, and the remaining quarter is headroom for the agent and the
+/// sandbox's processes, so a full layer answers ENOSPC instead of an OOM
+/// kill of the whole sandbox.
+pub const LAYER_MEMORY_QUARTERS: u64 = 3;
 /// Default open-file limit of every process in the sandbox.
 pub const DEFAULT_NOFILE: u64 = 1024;
 /// Default cap on what one exec may print, per stream.
@@ -101,7 +107,8 @@ pub struct Limits {
     pub cpu_millis: u32,
     /// Maximum number of tasks (processes and threads).
     pub pids: u32,
-    /// Size of the private writable layer, bytes.
+    /// Size of the private writable layer, bytes, as asked for; the layer
+    /// gets [`Limits::writable_layer_bytes`].
     pub disk_bytes: u64,
     /// RLIMIT_NOFILE of every process.
     pub nofile: u64,
@@ -303,6 +310,15 @@ impl SandboxSpec {
 }
 
 impl Limits {
+    /// The size the writable layer gets: `disk_bytes`, but at most three
+    /// quarters of `memory_bytes` ([`LAYER_MEMORY_QUARTERS`]), because the
+    /// layer is memory counted against the sandbox's own limit. Writes past
+    /// it fail with ENOSPC and the sandbox lives on.
+    pub fn writable_layer_bytes(&self) -> u64 {
+        let cap = self.memory_bytes / 4 * LAYER_MEMORY_QUARTERS;
+        self.disk_bytes.min(cap)
+    }
+
     /// Checks each limit against its sane range.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.memory_bytes < 8 << 20 {
@@ -384,6 +400,24 @@ mod tests {
         assert!(serde_json::from_str::<SandboxSpec>(r#"{"netwrok": {"mode": "open"}}"#).is_err());
         assert!(serde_json::from_str::<SandboxSpec>(r#"{"network": {"mode": "wide"}}"#).is_err());
         assert!(serde_json::from_str::<SandboxSpec>(r#"{"limits": {"memory": 1}}"#).is_err());
+    }
+
+    #[test]
+    fn the_writable_layer_leaves_a_quarter_of_memory_free() {
+        let layer = |memory_bytes: u64, disk_bytes: u64| {
+            Limits {
+                memory_bytes,
+                disk_bytes,
+                ..Limits::default()
+            }
+            .writable_layer_bytes()
+        };
+        // The defaults (1G disk, 512M memory): the layer gets 384M.
+        assert_eq!(Limits::default().writable_layer_bytes(), 384 << 20);
+        assert_eq!(layer(256 << 20, 1 << 30), 192 << 20);
+        // A disk limit under the cap is kept as asked.
+        assert_eq!(layer(256 << 20, 64 << 20), 64 << 20);
+        assert_eq!(layer(8 << 20, 1 << 20), 1 << 20);
     }
 
     #[test]

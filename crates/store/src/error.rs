@@ -91,3 +91,28 @@ pub enum StoreError {
     #[error("the state database failed")]
     Sqlite(#[from] rusqlite::Error),
 }
+
+impl StoreError {
+    /// Whether the database is unavailable rather than wrong: busy or
+    /// locked past the busy timeout, or the disk under it failing (I/O
+    /// error, full, cannot open, out of memory). Trying again later may
+    /// work, so the API answers 503; every other failure is an internal
+    /// error.
+    pub fn is_unavailable(&self) -> bool {
+        use rusqlite::ErrorCode;
+        match self {
+            StoreError::Open { .. } => true,
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
+                e.code,
+                ErrorCode::DatabaseBusy
+                    | ErrorCode::DatabaseLocked
+                    | ErrorCode::SystemIoFailure
+                    | ErrorCode::DiskFull
+                    | ErrorCode::CannotOpen
+                    | ErrorCode::OutOfMemory
+                    | ErrorCode::FileLockingProtocolFailed
+            ),
+            _ => false,
+        }
+    }
+}

@@ -18,8 +18,8 @@ fn key_from_row(row: &Row<'_>) -> rusqlite::Result<KeyRow> {
 }
 
 impl Store {
-    /// Creates an API key. Returns its record and its secret: `al_` and 64
-    /// hex digits (256 random bits). The secret is not stored anywhere (only
+    /// Creates an API key. Returns its record and its secret: `e2b_` and 64
+    /// lowercase hex digits (256 random bits). The secret is not stored anywhere (only
     /// its SHA-256 is), so this is the one time it can be shown.
     pub fn create_key(&self, name: &str, is_admin: bool) -> Result<(KeyRow, String), StoreError> {
         let secret = new_secret(KEY_SECRET_PREFIX)?;

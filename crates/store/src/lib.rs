@@ -40,7 +40,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OpenFlags};
 
 pub use error::{Entity, StoreError};
-pub use secret::{hash_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX};
+pub use secret::{
+    hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,
+    LEGACY_KEY_SECRET_PREFIX,
+};
 pub use types::{
     EventRow, KeyRow, ListQuery, NewEvent, NewSandbox, Page, ParseEnumError, SandboxRow, State,
     Stream,

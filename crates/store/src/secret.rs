@@ -5,9 +5,21 @@ use subtle::ConstantTimeEq;
 
 use crate::StoreError;
 
-/// The prefix of every API key secret, so a leaked one is easy to recognise
-/// (secret scanners, logs).
-pub const KEY_SECRET_PREFIX: &str = "al_";
+/// The prefix of every new API key secret, so a leaked one is easy to
+/// recognise (secret scanners, logs). It is e2b's: e2b SDKs 2.25.0–2.45.1
+/// refuse, before sending, any API key not shaped `^e2b_[0-9a-f]+$`, so a
+/// key of this shape works with every e2b SDK 2.x as it is.
+pub const KEY_SECRET_PREFIX: &str = "e2b_";
+
+/// The prefix of API keys made before [`KEY_SECRET_PREFIX`] became e2b's;
+/// such keys stay valid (the store keeps only hashes, whatever the shape).
+pub const LEGACY_KEY_SECRET_PREFIX: &str = "al_";
+
+/// Whether `text` is shaped as an API key secret (either prefix), which
+/// tells a bearer API key from a sandbox's access token (`at_`).
+pub fn is_key_secret(text: &str) -> bool {
+    text.starts_with(KEY_SECRET_PREFIX) || text.starts_with(LEGACY_KEY_SECRET_PREFIX)
+}
 
 /// Fills `buf` from the kernel's CSPRNG (`getrandom(2)`, which blocks only
 /// until the pool is first initialised and needs no file descriptor).
@@ -118,9 +130,14 @@ mod tests {
         assert!(id[4..].bytes().all(|b| b.is_ascii_hexdigit()));
 
         let secret = new_secret(KEY_SECRET_PREFIX).unwrap();
-        assert_eq!(secret.len(), 3 + 64);
-        assert!(secret.starts_with("al_"));
+        assert_eq!(secret.len(), 4 + 64);
+        // The shape e2b SDKs 2.25.0–2.45.1 insist on: ^e2b_[0-9a-f]+$.
+        let hex = secret.strip_prefix("e2b_").unwrap();
+        assert!(hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
         assert_ne!(secret, new_secret(KEY_SECRET_PREFIX).unwrap());
+        assert!(is_key_secret(&secret) && is_key_secret("al_00") && !is_key_secret("at_00"));
     }
 
     #[test]

@@ -752,6 +752,32 @@ fn deleting_a_sandbox_keeps_its_events() {
 // ---------------------------------------------------------------- keys
 
 #[test]
+fn keys_made_before_the_e2b_shape_stay_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("airlock.db");
+    drop(Store::open(&path).unwrap());
+    // A key as older builds made it: `al_` and 64 hex digits, only its
+    // hash stored.
+    let legacy = format!("al_{}", "5a".repeat(32));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute(
+        "INSERT INTO api_keys (id, name, hash, is_admin, created_at) VALUES ('key-0123456789ab', 'old', ?1, 1, 0)",
+        [hash_secret(&legacy).as_slice()],
+    )
+    .unwrap();
+    drop(conn);
+    let store = Store::open(&path).unwrap();
+    let row = store
+        .verify_key(&legacy)
+        .unwrap()
+        .expect("the old key opens");
+    assert_eq!((row.id.as_str(), row.is_admin), ("key-0123456789ab", true));
+    assert!(airlock_store::is_key_secret(&legacy));
+    let (_, new) = store.create_key("new", false).unwrap();
+    assert!(new.starts_with("e2b_"), "{new}");
+}
+
+#[test]
 fn keys_are_created_verified_and_revoked() {
     let store = Store::open_in_memory().unwrap();
     assert_eq!(store.count_keys().unwrap(), 0);
@@ -760,7 +786,7 @@ fn keys_are_created_verified_and_revoked() {
 
     assert!(admin.id.starts_with("key-") && admin.id.len() == 16);
     assert!(admin.id[4..].bytes().all(|b| b.is_ascii_hexdigit()));
-    assert!(admin_secret.starts_with("al_") && admin_secret.len() == 67);
+    assert!(admin_secret.starts_with("e2b_") && admin_secret.len() == 68);
     assert_ne!(admin_secret, user_secret);
     assert!(admin.is_admin && !user.is_admin);
     assert_eq!(store.count_keys().unwrap(), 2);
@@ -782,6 +808,7 @@ fn keys_are_created_verified_and_revoked() {
         .map(|b| format!("{b:02x}"))
         .collect();
     for wrong in [
+        new_secret("e2b_").unwrap(),
         new_secret("al_").unwrap(),
         String::new(),
         near,

@@ -231,6 +231,56 @@ impl TestDaemon {
         }
     }
 
+    /// A request whose body is `len` bytes of `x` streamed without a
+    /// length (chunked), as a large upload is sent; no copy is held.
+    pub fn call_streamed(
+        &self,
+        key: Option<&str>,
+        method: &str,
+        path: &str,
+        len: u64,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        use std::io::Read;
+        let url = format!("{}{path}", self.url);
+        let mut builder = ureq::http::Request::builder().method(method).uri(&url);
+        if let Some(key) = key {
+            builder = builder.header("X-API-Key", key);
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let mut source = std::io::repeat(b'x').take(len);
+        let request = builder
+            .body(ureq::SendBody::from_reader(&mut source))
+            .unwrap();
+        // A server that answers and closes before the body is sent breaks
+        // the send: status 0 with the error as the body.
+        let mut response = match self.agent.run(request) {
+            Ok(response) => response,
+            Err(e) => {
+                return Answer {
+                    status: 0,
+                    retry_after: None,
+                    content_type: None,
+                    body: format!("{method} {path}: {e}").into_bytes(),
+                }
+            }
+        };
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(1 << 20)
+            .read_to_vec()
+            .unwrap_or_default();
+        Answer {
+            status: response.status().as_u16(),
+            retry_after: None,
+            content_type: None,
+            body,
+        }
+    }
+
     /// A request with the admin key.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
         let bytes = body.map(|b| b.to_string().into_bytes());

@@ -24,8 +24,8 @@
 //! from `kill`, 429 → `RateLimitException` after retrying on
 //! `Retry-After`, anything else → `SandboxException("<status>: <message>")`).
 //!
-//! The e2b API key is an airlock API key (`X-API-Key: al_…`, or a bearer
-//! token); a non-admin key sees only its own sandboxes. The answer to
+//! The e2b API key is an airlock API key (`X-API-Key: e2b_…`, the shape
+//! every e2b SDK 2.x accepts, or an older `al_…`; or a bearer token); a non-admin key sees only its own sandboxes. The answer to
 //! create, connect and get carries the sandbox's access token as
 //! `envdAccessToken`, and `domain: null` so the SDK reaches the sandbox
 //! through `E2B_SANDBOX_URL` (this same port).
@@ -177,6 +177,15 @@ async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response
     // unread on a keep-alive connection.
     let bytes = match crate::read_small_body(body).await {
         Ok(bytes) => bytes,
+        Err(crate::SmallBodyError::Unreadable) => {
+            return crate::closing(
+                E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    crate::error::unreadable_body().message,
+                )
+                .into_response(),
+            )
+        }
         Err(crate::SmallBodyError::TooLarge) => {
             return crate::closing(
                 E2bError::new(
@@ -202,7 +211,7 @@ async fn admit(State(api): State<Api>, request: Request, next: Next) -> Response
             _ => {
                 return E2bError::new(
                     StatusCode::UNAUTHORIZED,
-                    "a valid API key is required in X-API-Key (an airlock API key, al_…)",
+                    "a valid API key is required in X-API-Key (an airlock API key, e2b_…)",
                 )
                 .into_response()
             }

@@ -328,9 +328,9 @@ pub fn size_of(row: &SandboxRow) -> Size {
     Size {
         cpu_count: limits.cpu_millis.div_ceil(1000).max(1),
         memory_mb: limits.memory_bytes >> 20,
-        disk_size_mb: limits.disk_bytes >> 20,
+        disk_size_mb: limits.writable_layer_bytes() >> 20,
         memory_bytes: limits.memory_bytes,
-        disk_bytes: limits.disk_bytes,
+        disk_bytes: limits.writable_layer_bytes(),
         cpu_millis: limits.cpu_millis,
     }
 }
@@ -684,7 +684,7 @@ mod tests {
         assert_eq!(json["endAt"], "2023-11-14T22:18:20Z");
         assert_eq!(json["cpuCount"], 2);
         assert_eq!(json["memoryMB"], 512);
-        assert_eq!(json["diskSizeMB"], 1024);
+        assert_eq!(json["diskSizeMB"], 384, "the layer: at most 3/4 of memory");
         assert_eq!(json["metadata"]["owner"], "me");
         assert!(json.get("envdAccessToken").is_none());
         assert!(json.get("domain").is_none());
@@ -950,7 +950,7 @@ mod tests {
         assert_eq!(m.cpu_used_pct, 20.0);
         assert_eq!(m.mem_used, 1 << 20);
         assert_eq!(m.mem_total, 512 << 20);
-        assert_eq!(m.disk_total, 1 << 30);
+        assert_eq!(m.disk_total, 384 << 20);
         assert_eq!(m.cpu_count, 2);
         assert_eq!(m.timestamp_unix, 1_700_000_010);
         let json = serde_json::to_value(&m).unwrap();

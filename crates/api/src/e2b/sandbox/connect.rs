@@ -173,6 +173,11 @@ impl From<DaemonError> for ConnectError {
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
             DaemonError::InSandbox(_) => Code::Unknown,
             DaemonError::Rejected(_) => Code::ResourceExhausted,
+            DaemonError::Unavailable(_) => {
+                // Transient; the detail goes to the log only.
+                let api = ApiError::from(e);
+                return ConnectError::new(Code::Unavailable, api.message);
+            }
             DaemonError::Internal(_) => {
                 // The detail goes to the log only.
                 let api = ApiError::from(e);
