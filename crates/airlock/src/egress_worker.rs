@@ -84,7 +84,7 @@ fn confine() -> Result<(), String> {
         .any(|l| {
             l.split_whitespace()
                 .nth(1)
-                .is_some_and(|v| v.trim_start_matches('0') != "")
+                .is_some_and(|v| !v.trim_start_matches('0').is_empty())
         });
     if held {
         return Err("it must hold no capability".into());
