@@ -4,19 +4,30 @@
 //! `E2B_SANDBOX_URL`), and `tests/e2b-js/` under the pinned
 //! JS SDK, with only `E2B_API_URL`, `E2B_SANDBOX_URL` and `E2B_API_KEY` set.
 //!
-//! The SDKs are installed by `scripts/deps` (venvs in /opt/airlock/e2b-*,
-//! the JS SDK in /opt/airlock/e2b-js). Without them this test fails; it
-//! never skips.
+//! Each pytest file under each venv, and each JS file, is a test of its
+//! own (`e2b-latest::test_files.py`, `js::core.test.mjs`; filter them as
+//! usual: `cargo test -p airlock --test e2b_sdk -- e2b-latest::`), run one
+//! at a time against one daemon, which starts with the first and stops
+//! after the last. The daemon names a small test internet of its own
+//! (`--egress-host`, see [`Internet`]) for `test_network.py`.
 //!
-//! Enable or disable suites by editing the lists below.
+//! The SDKs are installed by `scripts/deps` (venvs in /opt/airlock/e2b-*,
+//! the JS SDK in /opt/airlock/e2b-js). Without them these tests fail; they
+//! never skip. A suite a venv cannot run is listed as ignored, with why.
+//!
+//! Enable or disable suites by editing the lists below; a venv is one more
+//! entry in [`VENVS`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::daemon::TestDaemon;
+use common::net::FarNet;
+use libtest_mimic::{Arguments, Failed, Trial};
 use std::path::Path;
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The pytest files of `tests/e2b/` that run, in every venv below (unless
 /// the venv skips them).
@@ -136,72 +147,186 @@ fn run(daemon: &TestDaemon, what: &str, mut command: Command) -> Result<(), Stri
     }
 }
 
-#[test]
-fn e2b_sdks_work_against_airlock() {
-    for venv in VENVS {
-        assert!(
-            Path::new(venv.path).join("bin/pytest").exists(),
+/// The test internet of `test_network.py`: an HTTP server on
+/// 203.0.113.2:8000 (TEST-NET-3) in a network namespace of its own, which
+/// the daemon knows as each of [`SITE_NAMES`].
+struct Internet {
+    server: Child,
+    /// Dropped after the server (fields drop after `Drop::drop`).
+    _net: FarNet,
+}
+
+/// The names the daemon resolves to the test internet (tests/e2b/test_network.py
+/// uses them, on port 8000).
+const SITE_NAMES: &[&str] = &["site.test", "other.test", "not-allowed.test"];
+const SITE_ADDRESS: &str = "203.0.113.2";
+
+impl Internet {
+    fn start() -> Internet {
+        let net = FarNet::new("e2", "203.0.113.1", SITE_ADDRESS);
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("index.html"), "hello from the test internet\n").unwrap();
+        let mut server = Command::new("ip")
+            .args(["netns", "exec", &net.netns, "python3", "-m", "http.server"])
+            .args(["8000", "--bind", SITE_ADDRESS])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 runs");
+        let url = format!("http://{SITE_ADDRESS}:8000/");
+        let up = TestDaemon::wait_for(Duration::from_secs(10), || {
+            Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-m", "1", &url])
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !up {
+            let _ = server.kill();
+            let _ = server.wait();
+            panic!("the test internet's server at {url} did not start");
+        }
+        Internet { server, _net: net }
+    }
+}
+
+impl Drop for Internet {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// What every suite runs against. Fields drop in order: the daemon first.
+struct Setup {
+    daemon: TestDaemon,
+    _internet: Internet,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let internet = Internet::start();
+        let mut flags = vec!["--default-timeout".to_owned(), "300s".to_owned()];
+        for name in SITE_NAMES {
+            flags.push("--egress-host".into());
+            flags.push(format!("{name}={SITE_ADDRESS}"));
+        }
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Setup {
+            daemon: TestDaemon::start(&flags),
+            _internet: internet,
+        }
+    }
+}
+
+/// The setup, started by the first suite that needs it (a failure to start
+/// fails every suite with the same message).
+#[derive(Default)]
+struct Shared(OnceLock<Result<Setup, String>>);
+
+impl Shared {
+    fn get(&self) -> Result<&Setup, Failed> {
+        self.0
+            .get_or_init(|| {
+                std::panic::catch_unwind(Setup::start).map_err(|panic| {
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "the setup panicked".to_owned())
+                })
+            })
+            .as_ref()
+            .map_err(|e| Failed::from(format!("cannot start the daemon: {e}")))
+    }
+}
+
+/// A venv's name in test names: the last part of its path (`e2b-latest`).
+fn tag(venv: &Venv) -> &'static str {
+    venv.path.rsplit('/').next().unwrap_or(venv.path)
+}
+
+/// One pytest file under one venv.
+fn pytest(shared: &Shared, venv: &Venv, suite: &str) -> Result<(), Failed> {
+    let pytest = Path::new(venv.path).join("bin/pytest");
+    if !pytest.exists() {
+        return Err(format!(
             "{} is not installed at {}: run scripts/deps as root",
-            venv.name,
-            venv.path
-        );
+            venv.name, venv.path
+        )
+        .into());
     }
-    assert!(
-        Path::new(JS_DIR)
-            .join("node_modules/e2b/package.json")
-            .exists(),
-        "the e2b JS SDK is not installed at {JS_DIR}: run scripts/deps as root"
+    let setup = shared.get()?;
+    let mut command = Command::new(pytest);
+    match std::env::var("AIRLOCK_E2B_PYTEST_ARGS") {
+        Ok(args) if !args.trim().is_empty() => command.args(args.split_whitespace()),
+        _ => command.args(PYTEST_ARGS),
+    };
+    command
+        .args(["-p", "no:cacheprovider", "--color=no"])
+        .arg(suite)
+        .current_dir(python_dir());
+    e2b_env(&mut command, &setup.daemon);
+    let result = run(
+        &setup.daemon,
+        &format!("pytest {suite} [{}]", venv.name),
+        command,
     );
+    setup.daemon.delete_all();
+    result.map_err(Failed::from)
+}
 
-    let daemon = TestDaemon::start(&["--default-timeout", "300s"]);
-    let mut failures = Vec::new();
+/// One `node --test` file.
+fn node(shared: &Shared, suite: &str) -> Result<(), Failed> {
+    if !Path::new(JS_DIR)
+        .join("node_modules/e2b/package.json")
+        .exists()
+    {
+        return Err(format!(
+            "the e2b JS SDK is not installed at {JS_DIR}: run scripts/deps as root"
+        )
+        .into());
+    }
+    let setup = shared.get()?;
+    let mut command = Command::new("node");
+    command
+        .args(["--test", "--test-reporter=spec"])
+        .arg(suite)
+        .env("E2B_JS_DIR", JS_DIR)
+        .current_dir(js_dir());
+    e2b_env(&mut command, &setup.daemon);
+    let result = run(&setup.daemon, &format!("node --test {suite}"), command);
+    setup.daemon.delete_all();
+    result.map_err(Failed::from)
+}
 
+fn main() {
+    let mut args = Arguments::from_args();
+    // One suite at a time: they share the daemon, whose sandboxes are
+    // deleted after each.
+    args.test_threads = Some(1);
+    let shared = Arc::new(Shared::default());
+    let mut trials = Vec::new();
     for venv in VENVS {
-        let suites: Vec<&str> = PYTHON_SUITES
-            .iter()
-            .copied()
-            .filter(|s| !venv.skip.contains(s))
-            .collect();
-        if suites.is_empty() {
-            continue;
-        }
-        // Each file alone, so one unfinished feature does not hide the rest.
-        for suite in suites {
-            let mut command = Command::new(Path::new(venv.path).join("bin/pytest"));
-            match std::env::var("AIRLOCK_E2B_PYTEST_ARGS") {
-                Ok(args) if !args.trim().is_empty() => command.args(args.split_whitespace()),
-                _ => command.args(PYTEST_ARGS),
+        for &suite in PYTHON_SUITES {
+            let name = format!("{}::{suite}", tag(venv));
+            let trial = if venv.skip.contains(&suite) {
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            } else {
+                let shared = Arc::clone(&shared);
+                Trial::test(name, move || pytest(&shared, venv, suite))
             };
-            command
-                .args(["-p", "no:cacheprovider", "--color=no"])
-                .arg(suite)
-                .current_dir(python_dir());
-            e2b_env(&mut command, &daemon);
-            if let Err(report) = run(&daemon, &format!("pytest {suite} [{}]", venv.name), command) {
-                failures.push(report);
-            }
-            daemon.delete_all();
+            trials.push(trial);
         }
     }
-
-    for suite in JS_SUITES {
-        let mut command = Command::new("node");
-        command
-            .args(["--test", "--test-reporter=spec"])
-            .arg(suite)
-            .env("E2B_JS_DIR", JS_DIR)
-            .current_dir(js_dir());
-        e2b_env(&mut command, &daemon);
-        if let Err(report) = run(&daemon, &format!("node --test {suite}"), command) {
-            failures.push(report);
-        }
-        daemon.delete_all();
+    for &suite in JS_SUITES {
+        let shared = Arc::clone(&shared);
+        trials.push(Trial::test(format!("js::{suite}"), move || {
+            node(&shared, suite)
+        }));
     }
-
-    assert!(
-        failures.is_empty(),
-        "{} of the e2b suites failed:\n\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    let conclusion = libtest_mimic::run(&args, trials);
+    // The daemon (and its test internet) stop before the process exits.
+    drop(shared);
+    conclusion.exit();
 }

@@ -28,6 +28,14 @@ struct Internet {
     /// request with the `Host` it named (`host=…`).
     keep_alive: Child,
     udp_log: std::path::PathBuf,
+    /// Stand-ins for what the always-denied set protects: a cloud
+    /// metadata service on 169.254.169.254:80 and [fd00:ec2::254]:80 in
+    /// the test internet (the host routes there through the veth pair)…
+    metadata: Child,
+    /// …and services on the host's loopback, 127.0.0.1:8000 and
+    /// [::1]:8000. Both log every connection they accept to `reached`.
+    loopback: Child,
+    reached: std::path::PathBuf,
     /// Dropped after the servers (fields drop after `Drop::drop`).
     _net: FarNet,
 }
@@ -100,10 +108,85 @@ while True:
         log.write('%d %r\\n' % (s.getsockname()[1], data[:32]))
 ";
 
+/// Listens on each `ADDRESS:PORT` of its arguments after the first, and
+/// for every connection appends `ADDRESS PEER` to the file named by the
+/// first, then answers `reached`; writes `ready ADDRESS` once each listens.
+const RECORDER: &str = "
+import socket, sys, threading
+log = open(sys.argv[1], 'a', buffering=1)
+def serve(s, address):
+    while True:
+        c, peer = s.accept()
+        log.write('%s %s\\n' % (address, peer[0]))
+        c.settimeout(2)
+        try:
+            c.recv(4096)
+            c.sendall(b'HTTP/1.0 200 OK\\r\\nContent-Length: 8\\r\\n\\r\\nreached\\n')
+        except OSError:
+            pass
+        c.close()
+for spec in sys.argv[2:]:
+    address, port = spec.rsplit(':', 1)
+    address = address.strip('[]')
+    s = socket.socket(socket.AF_INET6 if ':' in address else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((address, int(port)))
+    s.listen(64)
+    threading.Thread(target=serve, args=(s, address), daemon=True).start()
+    log.write('ready %s\\n' % address)
+threading.Event().wait()
+";
+
+/// Starts [`RECORDER`] on `listen`, inside `netns` or on the host, and
+/// waits until each address listens.
+fn start_recorder(netns: Option<&str>, log: &std::path::Path, listen: &[&str]) -> Child {
+    let mut command = match netns {
+        Some(netns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", netns, "python3"]);
+            command
+        }
+        None => Command::new("python3"),
+    };
+    let mut recorder = command
+        .args(["-c", RECORDER])
+        .arg(log)
+        .args(listen)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = |address: &str| {
+        let line = format!(
+            "ready {}",
+            address.rsplit_once(':').unwrap().0.trim_matches(['[', ']'])
+        );
+        std::fs::read_to_string(log).is_ok_and(|l| l.lines().any(|l| l == line))
+    };
+    if !TestDaemon::wait_for(Duration::from_secs(10), || listen.iter().all(|a| ready(a))) {
+        let _ = recorder.kill();
+        let _ = recorder.wait();
+        panic!("the recording listeners on {listen:?} did not start");
+    }
+    recorder
+}
+
+/// The connections the recorders accepted: `ADDRESS PEER` lines.
+fn reached(internet: &Internet) -> Vec<String> {
+    std::fs::read_to_string(&internet.reached)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("ready "))
+        .map(str::to_owned)
+        .collect()
+}
+
 impl Internet {
     fn start() -> Internet {
         require_tools();
-        let net = FarNet::new("in", "198.51.100.1", "198.51.100.2");
+        let net = FarNet::new("in", "198.51.100.1", "198.51.100.2")
+            .with_ipv6("2001:db8:b2::1", "2001:db8:b2::2")
+            .with_address("169.254.169.254")
+            .with_address("fd00:ec2::254");
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from site.test\n").unwrap();
         let far = Some(net.netns.as_str());
@@ -171,6 +254,9 @@ impl Internet {
             }),
             "the test internet's UDP sink did not start"
         );
+        let reached = dir.join("reached.log");
+        let metadata = start_recorder(far, &reached, &["169.254.169.254:80", "[fd00:ec2::254]:80"]);
+        let loopback = start_recorder(None, &reached, &["127.0.0.1:8000", "[::1]:8000"]);
         Internet {
             server,
             tls_server,
@@ -178,6 +264,9 @@ impl Internet {
             udp_sink,
             udp_log,
             keep_alive,
+            metadata,
+            loopback,
+            reached,
             _net: net,
         }
     }
@@ -191,6 +280,8 @@ impl Drop for Internet {
             &mut self.host_service,
             &mut self.udp_sink,
             &mut self.keep_alive,
+            &mut self.metadata,
+            &mut self.loopback,
         ] {
             let _ = child.kill();
             let _ = child.wait();
@@ -439,6 +530,28 @@ print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
     assert!(!out.contains("200"), "{out}");
     // Names that resolve into the always-denied set are refused whatever
     // the rules say: cloud metadata (also as a literal rule) and loopback.
+    // Something listens at each of these addresses, and the host reaches
+    // it (the control); no connection from the sandbox reaches any of
+    // them, intercepted or through the proxy as a proxy.
+    let targets = [
+        "http://169.254.169.254/",
+        "http://[fd00:ec2::254]/",
+        "http://127.0.0.1:8000/",
+        "http://[::1]:8000/",
+    ];
+    for url in targets {
+        let out = Command::new("curl")
+            .args(["--noproxy", "*", "-sg", "-m", "5", url])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "reached\n",
+            "the host does not reach {url}"
+        );
+    }
+    let control = reached(&internet);
+    assert_eq!(control.len(), targets.len(), "{control:?}");
     for spelling in [
         "http://169.254.169.254/",
         "http://2852039166/",
@@ -447,18 +560,36 @@ print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
         "http://[::ffff:169.254.169.254]/",
         "http://[fd00:ec2::254]/",
         "http://127.1:8000/",
+        "http://2130706433:8000/",
         "http://[::1]:8000/",
+        "http://[::ffff:127.0.0.1]:8000/",
     ] {
-        let (_, code) = daemon.sh_out(&id, &format!("curl --noproxy '*' -sg -m 5 '{spelling}'"));
-        assert_ne!(code, 0, "{spelling} was reachable");
+        for proxy in ["--noproxy '*'", ""] {
+            let (out, code) = daemon.sh_out(&id, &format!("curl {proxy} -sgf -m 5 '{spelling}'"));
+            assert!(
+                code != 0 && !out.contains("reached"),
+                "{spelling} ({proxy}) was reachable: {out}"
+            );
+        }
     }
     let (out, _) = daemon.sh_out(&id, "getent hosts metadata.test loop.test; echo end");
     assert_eq!(out, "end\n", "always-denied addresses are not handed out");
-    let (_, code) = daemon.sh_out(
-        &id,
-        "curl --noproxy '*' -s -m 5 --resolve metadata.test:80:169.254.169.254 http://metadata.test/",
+    // Names the host resolves into the set, named to an allowed address.
+    for (name, port) in [("metadata.test", 80), ("loop.test", 8000)] {
+        let (out, code) = daemon.sh_out(
+            &id,
+            &format!(
+                "curl --noproxy '*' -s -m 5 --resolve {name}:{port}:198.51.100.2 http://{name}:{port}/; \
+                 curl -sf -m 5 http://{name}:{port}/"
+            ),
+        );
+        assert!(code != 0 && !out.contains("reached"), "{name}: {out}");
+    }
+    assert_eq!(
+        reached(&internet),
+        control,
+        "a connection from the sandbox reached a metadata or loopback listener"
     );
-    assert_ne!(code, 0);
     // UDP other than DNS and ICMP do not leave: a datagram to an outside
     // port is refused, a DNS query to an outside resolver is answered by
     // the sandbox's own (which knows no other.test), and neither reaches
@@ -564,8 +695,20 @@ for kind, proto in ((socket.SOCK_DGRAM, socket.IPPROTO_ICMP), (socket.SOCK_RAW, 
         "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
     );
     assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
-    let (_, code) = daemon.sh_out(&open, "curl --noproxy '*' -s -m 5 http://169.254.169.254/");
-    assert_ne!(code, 0);
+    for url in targets {
+        for proxy in ["--noproxy '*'", ""] {
+            let (out, code) = daemon.sh_out(&open, &format!("curl {proxy} -sgf -m 5 '{url}'"));
+            assert!(
+                code != 0 && !out.contains("reached"),
+                "{url} ({proxy}): {out}"
+            );
+        }
+    }
+    assert_eq!(
+        reached(&internet),
+        control,
+        "an open sandbox reached a listener"
+    );
     // Nor the host's own addresses, public or not.
     let (_, code) = daemon.sh_out(
         &open,

@@ -51,41 +51,145 @@ fn generated_etc_has_no_host_secrets() {
     assert!(listing.contains("passwd"));
 }
 
-#[test]
-fn mount_and_unshare_fail_even_for_root() {
-    let value = sh_json(
-        &["--user", "root"],
-        "mount -t tmpfs none /tmp 2>/dev/null && echo MOUNTED; unshare -Ur true 2>/dev/null && echo UNSHARED; \
-         unshare -m true 2>/dev/null && echo UNSHARED_MNT; echo end",
-    );
-    assert_eq!(stdout(&value), "end\n");
-}
-
-const SYSCALL_PROBE: &str = r#"
-import ctypes, sys
+/// Python helpers for syscall probes: `call(nr, *args)` makes a raw
+/// syscall and gives 0 on success or its errno; `in_child(fn)` runs `fn`
+/// in a forked child (so what it changes stays there) and gives the errno
+/// it exits with; `report(name, errno)` prints one `name errno` line.
+const PROBE_LIB: &str = r#"
+import ctypes, os, time
 libc = ctypes.CDLL(None, use_errno=True)
-def probe(nr, *args):
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
     ctypes.set_errno(0)
-    r = libc.syscall(nr, *args)
-    return (r, ctypes.get_errno())
-print(*probe(425, 1, 0))          # io_uring_setup
-print(*probe(250, 0, -3, 0))       # keyctl(GET_KEYRING_ID, session)
-print(*probe(321, 0, 0, 0))        # bpf
-print(*probe(323, 0))              # userfaultfd
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return 0 if r >= 0 else ctypes.get_errno()
+def in_child(fn):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(fn())
+    return os.waitpid(pid, 0)[1] >> 8
+def report(name, errno):
+    print(name, errno, flush=True)
 "#;
 
-#[test]
-fn dangerous_syscalls_get_eperm() {
-    for user in ["user", "root"] {
-        let script = format!("python3 -c '{}'", SYSCALL_PROBE.replace('\'', "\\'"));
-        let value = sh_json(&["--user", user], &script);
-        let lines: Vec<&str> = stdout(&value).lines().collect();
+/// Runs a probe script on the host, outside any sandbox, as nobody (uid and
+/// gid 65534, no capabilities): what the kernel itself answers these calls
+/// without the sandbox's seccomp filter.
+fn unfiltered_on_host(script: &str) -> String {
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .expect("python3 runs on the host");
+    assert!(
+        out.status.success(),
+        "the probe failed on the host: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `name errno` lines, one per probe, each with `errno`.
+fn all_with(probes: &[(&str, i32)], errno: i32) -> String {
+    probes
+        .iter()
+        .map(|(name, _)| format!("{name} {errno}\n"))
+        .collect()
+}
+
+/// Runs `calls` (lines of Python after [`PROBE_LIB`]) on the host as
+/// nobody, where each probe must get the answer `unfiltered` gives it (the
+/// kernel's own: success or an errno other than EPERM), then in sandboxes
+/// as each of `users`, where every probe must get EPERM. Since nothing but
+/// the seccomp filter answers these calls with EPERM, that errno inside
+/// is the filter's.
+fn assert_only_the_filter_says_eperm(users: &[&str], calls: &str, unfiltered: &[(&str, i32)]) {
+    let script = format!("{PROBE_LIB}{calls}");
+    let expected: String = unfiltered
+        .iter()
+        .map(|(name, errno)| format!("{name} {errno}\n"))
+        .collect();
+    assert!(unfiltered.iter().all(|(_, errno)| *errno != libc::EPERM));
+    assert_eq!(
+        unfiltered_on_host(&script),
+        expected,
+        "without a filter this host's kernel does not answer the probes as expected \
+         (`name errno`, 0 for success), so EPERM inside could come from the kernel"
+    );
+    for user in users {
+        let value = py_json(&["--user", user], &script);
         assert_eq!(
-            lines,
-            ["-1 1", "-1 1", "-1 1", "-1 1"],
+            stdout(&value),
+            all_with(unfiltered, libc::EPERM),
             "as {user}: {value}"
         );
     }
+}
+
+#[test]
+fn mount_and_unshare_fail_even_for_root() {
+    // Unfiltered, mount(2) copies its filesystem type before any
+    // permission check (an unmapped pointer: EFAULT), unshare(0) is a
+    // no-op, a new user namespace is granted, setns(-1) finds no
+    // descriptor and CLONE_SIGHAND without CLONE_VM is invalid.
+    assert_only_the_filter_says_eperm(
+        &["root", "user"],
+        &format!(
+            "report(\"mount\", call({mount}, 0, 0, 1, 0, 0))
+report(\"unshare\", call({unshare}, 0))
+report(\"unshare_user\", in_child(lambda: call({unshare}, {newuser})))
+report(\"setns\", call({setns}, -1, 0))
+report(\"clone_user\", call({clone}, {newuser} | {sighand}, 0, 0, 0, 0))
+",
+            mount = libc::SYS_mount,
+            unshare = libc::SYS_unshare,
+            setns = libc::SYS_setns,
+            clone = libc::SYS_clone,
+            newuser = libc::CLONE_NEWUSER,
+            sighand = libc::CLONE_SIGHAND,
+        ),
+        &[
+            ("mount", libc::EFAULT),
+            ("unshare", 0),
+            ("unshare_user", 0),
+            ("setns", libc::EBADF),
+            ("clone_user", libc::EINVAL),
+        ],
+    );
+}
+
+#[test]
+fn dangerous_syscalls_get_eperm() {
+    // Unfiltered, io_uring_setup and perf_event_open copy their parameters
+    // first (NULL: EFAULT), keyctl finds the session keyring, bpf refuses
+    // an unknown command with EINVAL and userfaultfd is granted to anyone
+    // for user-mode faults (UFFD_USER_MODE_ONLY).
+    assert_only_the_filter_says_eperm(
+        &["user", "root"],
+        &format!(
+            "report(\"io_uring_setup\", call({io_uring_setup}, 1, 0))
+report(\"keyctl\", call({keyctl}, 0, -3, 0))
+report(\"bpf\", call({bpf}, 0xffff, 0, 0))
+report(\"userfaultfd\", call({userfaultfd}, 1))
+report(\"perf_event_open\", call({perf_event_open}, 0, 0, -1, -1, 0))
+",
+            io_uring_setup = libc::SYS_io_uring_setup,
+            keyctl = libc::SYS_keyctl,
+            bpf = libc::SYS_bpf,
+            userfaultfd = libc::SYS_userfaultfd,
+            perf_event_open = libc::SYS_perf_event_open,
+        ),
+        &[
+            ("io_uring_setup", libc::EFAULT),
+            ("keyctl", 0),
+            ("bpf", libc::EINVAL),
+            ("userfaultfd", 0),
+            ("perf_event_open", libc::EFAULT),
+        ],
+    );
 }
 
 #[test]
@@ -160,15 +264,141 @@ except OSError as e:
     assert!(parts[2].parse::<u32>().unwrap() < 32);
 }
 
+/// What a watcher on the host saw of the sandbox whose pids cgroup has
+/// `pids.max` set to a given limit.
+#[derive(Debug, Default)]
+struct BombWatch {
+    /// The sandbox's pid namespace (`pid:[INODE]`), once seen.
+    pid_ns: Option<String>,
+    /// The most processes seen at once in that pid namespace, counted over
+    /// the host's whole /proc (in the cgroup or not).
+    peak_in_ns: usize,
+    /// The last `max` count of the cgroup's `pids.events`: forks refused
+    /// at the limit.
+    refused_at_limit: u64,
+}
+
+/// The pids cgroup directories of live sandboxes (v1 and v2 layouts).
+fn pids_cgroups() -> Vec<std::path::PathBuf> {
+    ["/sys/fs/cgroup/pids/airlock", "/sys/fs/cgroup/airlock"]
+        .iter()
+        .filter_map(|root| std::fs::read_dir(root).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("sbx-"))
+        })
+        .collect()
+}
+
+/// The pid namespace of every process on the host, as (pid, `pid:[INODE]`).
+fn host_pid_namespaces() -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let ns = std::fs::read_link(e.path().join("ns/pid")).ok()?;
+            Some((pid, ns.to_string_lossy().into_owned()))
+        })
+        .collect()
+}
+
+/// Watches, until `stop` is set, the sandbox whose pids limit is `limit`.
+fn watch_bomb(limit: u64, stop: &std::sync::atomic::AtomicBool) -> BombWatch {
+    use std::sync::atomic::Ordering;
+    let mut watch = BombWatch::default();
+    let mut cgroup: Option<std::path::PathBuf> = None;
+    while !stop.load(Ordering::SeqCst) {
+        if cgroup.is_none() {
+            cgroup = pids_cgroups().into_iter().find(|dir| {
+                std::fs::read_to_string(dir.join("pids.max"))
+                    .is_ok_and(|max| max.trim() == limit.to_string())
+            });
+        }
+        if let Some(dir) = &cgroup {
+            if let Ok(events) = std::fs::read_to_string(dir.join("pids.events")) {
+                if let Some(n) = events
+                    .lines()
+                    .find_map(|l| l.strip_prefix("max "))
+                    .and_then(|n| n.trim().parse().ok())
+                {
+                    watch.refused_at_limit = n;
+                }
+            }
+            if watch.pid_ns.is_none() {
+                watch.pid_ns = std::fs::read_to_string(dir.join("cgroup.procs"))
+                    .ok()
+                    .and_then(|procs| procs.lines().next().map(str::to_owned))
+                    .and_then(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok())
+                    .map(|ns| ns.to_string_lossy().into_owned());
+            }
+            if let Some(ns) = &watch.pid_ns {
+                let count = host_pid_namespaces()
+                    .iter()
+                    .filter(|(_, n)| n == ns)
+                    .count();
+                watch.peak_in_ns = watch.peak_in_ns.max(count);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    watch
+}
+
 #[test]
 fn real_fork_bomb_is_contained_and_killed() {
-    let started = Instant::now();
-    let value = sh_json(
-        &["--pids", "64", "--timeout", "3s"],
-        "bomb() { bomb | bomb & }; bomb; wait",
+    // An unusual limit, so the watcher finds this sandbox's cgroup among
+    // those of other tests running at the same time.
+    const LIMIT: u64 = 47;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (value, watch) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch_bomb(LIMIT, &stop));
+        let value = sh_json(
+            &["--pids", &LIMIT.to_string(), "--timeout", "4s"],
+            // Every process forks for ever: a bomb that only dies when
+            // it is killed.
+            "bash -c 'bomb() { while :; do bomb | bomb & done; }; bomb'",
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        (value, watcher.join().unwrap())
+    });
+    // Contained: forks failed inside with EAGAIN (bash reports its
+    // strerror), the cgroup counted forks refused at its limit, and the
+    // bomb never had more processes than the limit anywhere on the host
+    // (counted by pid namespace, so one that left the cgroup counts too).
+    let stderr = value["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("fork: retry: Resource temporarily unavailable"),
+        "no fork failed with EAGAIN inside: {value}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30));
-    assert!(value["exit_code"].is_i64());
+    let ns = watch
+        .pid_ns
+        .clone()
+        .unwrap_or_else(|| panic!("never saw the sandbox's cgroup: {watch:?}"));
+    assert!(
+        watch.refused_at_limit > 0,
+        "pids.events never counted the limit: {watch:?}"
+    );
+    assert!(
+        watch.peak_in_ns > 1 && watch.peak_in_ns as u64 <= LIMIT,
+        "processes of the bomb at once: {watch:?}"
+    );
+    // Killed: at its timeout, and nothing of it is left (sh_json checked
+    // its cgroup, processes, mounts and slot; no process is left in its
+    // pid namespace either).
+    assert_eq!(value["timed_out"], true, "{value}");
+    let left: Vec<u32> = host_pid_namespaces()
+        .into_iter()
+        .filter(|(_, n)| *n == ns)
+        .map(|(pid, _)| pid)
+        .collect();
+    assert!(
+        left.is_empty(),
+        "processes of the bomb outlived it: {left:?}"
+    );
 }
 
 #[test]
@@ -366,10 +596,27 @@ fn dev_is_minimal_and_read_only() {
 
 #[test]
 fn ptrace_is_denied_even_for_root() {
-    let script = "python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); \
-                  r = libc.ptrace(16, 1, 0, 0); print(r, ctypes.get_errno())'";
-    let value = sh_json(&["--user", "root"], script);
-    assert_eq!(stdout(&value), "-1 1\n");
+    // Unfiltered, a process may trace its own child (same uid, dumpable)
+    // and a child may ask to be traced: both succeed without privilege.
+    assert_only_the_filter_says_eperm(
+        &["root", "user"],
+        &format!(
+            "def attach_own_child():
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    errno = call({ptrace}, 16, child, 0, 0)
+    os.kill(child, 9)
+    os.waitpid(child, 0)
+    return errno
+report(\"attach\", attach_own_child())
+report(\"traceme\", in_child(lambda: call({ptrace}, 0, 0, 0, 0)))
+",
+            ptrace = libc::SYS_ptrace,
+        ),
+        &[("attach", 0), ("traceme", 0)],
+    );
 }
 
 #[test]

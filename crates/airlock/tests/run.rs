@@ -144,23 +144,54 @@ fn root_is_root_only_inside() {
     assert_eq!(map[2], 65536);
 }
 
+/// Tries to create a file and to append to one in /mnt/data; prints, for
+/// each, `wrote` or the errno.
+const WRITE_PROBE: &str = "python3 -c '
+for path in (\"/mnt/data/new\", \"/mnt/data/input.txt\"):
+    try:
+        with open(path, \"a\") as f:
+            f.write(\"from the sandbox\\n\")
+        print(\"wrote\")
+    except OSError as e:
+        print(e.errno)
+'";
+
 #[test]
 fn read_only_mount() {
+    // The directory and its file are writable by anyone, so nothing but
+    // the mount's `:ro` stands between the sandbox and them: the same
+    // mount without it is written to (the control), with it every write
+    // fails with EROFS, the read-only mount's own errno (file permissions
+    // and Landlock answer EACCES).
     let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::write(dir.path().join("input.txt"), "from host\n").unwrap();
-    std::fs::set_permissions(
-        dir.path().join("input.txt"),
-        std::fs::Permissions::from_mode(0o644),
-    )
-    .unwrap();
-    let mount = format!("{}:/mnt/data:ro", dir.path().display());
-    let value = sh_json(
-        &["--mount", &mount, "--user", "root"],
-        "cat /mnt/data/input.txt; echo x > /mnt/data/new 2>/dev/null && echo WROTE || echo refused",
-    );
-    assert_eq!(stdout(&value), "from host\nrefused\n");
-    assert!(!dir.path().join("new").exists());
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let input = dir.path().join("input.txt");
+    std::fs::write(&input, "from host\n").unwrap();
+    std::fs::set_permissions(&input, std::fs::Permissions::from_mode(0o666)).unwrap();
+    for user in ["user", "root"] {
+        let mount = format!("{}:/mnt/data", dir.path().display());
+        let value = sh_json(&["--mount", &mount, "--user", user], WRITE_PROBE);
+        assert_eq!(
+            stdout(&value),
+            "wrote\nwrote\n",
+            "rw mount as {user}: {value}"
+        );
+        std::fs::remove_file(dir.path().join("new")).unwrap();
+        std::fs::write(&input, "from host\n").unwrap();
+
+        let mount = format!("{}:/mnt/data:ro", dir.path().display());
+        let value = sh_json(
+            &["--mount", &mount, "--user", user],
+            &format!("cat /mnt/data/input.txt; {WRITE_PROBE}"),
+        );
+        assert_eq!(
+            stdout(&value),
+            format!("from host\n{EROFS}\n{EROFS}\n", EROFS = libc::EROFS),
+            "ro mount as {user}: {value}"
+        );
+        assert!(!dir.path().join("new").exists());
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), "from host\n");
+    }
 }
 
 #[test]

@@ -62,9 +62,23 @@ pub fn run_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> Output {
 /// The result of `airlock run --json [opts] -- sh -c SCRIPT`, after checking
 /// that the sandbox left nothing behind.
 pub fn sh_json(opts: &[&str], script: &str) -> Value {
+    run_json(opts, &["/bin/sh", "-c", script])
+}
+
+/// The result of `airlock run --json [opts] -- python3 -c SCRIPT` (no shell
+/// quoting in between), after checking that the sandbox left nothing
+/// behind.
+pub fn py_json(opts: &[&str], script: &str) -> Value {
+    run_json(opts, &["python3", "-c", script])
+}
+
+/// The result of `airlock run --json [opts] -- COMMAND...`, after checking
+/// that the sandbox left nothing behind.
+pub fn run_json(opts: &[&str], command: &[&str]) -> Value {
     let mut args = vec!["--json"];
     args.extend_from_slice(opts);
-    args.extend_from_slice(&["--", "/bin/sh", "-c", script]);
+    args.push("--");
+    args.extend_from_slice(command);
     let out = run(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     let value: Value = serde_json::from_str(text.trim()).unwrap_or_else(|e| {

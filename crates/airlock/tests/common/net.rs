@@ -12,6 +12,10 @@ pub struct FarNet {
     pub netns: String,
     link: String,
     peer: String,
+    /// The namespace's IPv4 address on the pair.
+    far: String,
+    /// The namespace's IPv6 address on the pair, after [`FarNet::with_ipv6`].
+    far6: Option<String>,
 }
 
 impl FarNet {
@@ -38,14 +42,22 @@ impl FarNet {
             &script,
             "cannot set up the test network (root and iproute2 needed)",
         );
-        FarNet { netns, link, peer }
+        FarNet {
+            netns,
+            link,
+            peer,
+            far: far.to_owned(),
+            far6: None,
+        }
     }
 
     /// Also gives the host's end `host/64` and the namespace's end
     /// `far/64`, usable at once (`nodad`: no duplicate address detection
     /// to wait for).
-    pub fn with_ipv6(self, host: &str, far: &str) -> FarNet {
-        let FarNet { netns, link, peer } = &self;
+    pub fn with_ipv6(mut self, host: &str, far: &str) -> FarNet {
+        let FarNet {
+            netns, link, peer, ..
+        } = &self;
         let script = format!(
             "set -e
              ip addr add {host}/64 dev {link} nodad
@@ -55,6 +67,30 @@ impl FarNet {
             &script,
             "cannot give the test network IPv6 addresses (is IPv6 disabled on this host?)",
         );
+        self.far6 = Some(far.to_owned());
+        self
+    }
+
+    /// Gives the namespace one more address, `address` (IPv4, or IPv6 after
+    /// [`FarNet::with_ipv6`]), on its loopback, and the host a route to it
+    /// through the pair, so the host reaches a server there as it would a
+    /// host of the internet (or a cloud's metadata service). The route goes
+    /// with the pair.
+    pub fn with_address(self, address: &str) -> FarNet {
+        let (family, via) = if address.contains(':') {
+            let via = self.far6.as_deref().expect("with_ipv6 first");
+            ("-6", via)
+        } else {
+            ("-4", self.far.as_str())
+        };
+        let script = format!(
+            "set -e
+             ip -n {netns} addr add {address} dev lo
+             ip {family} route add {address} via {via} dev {link}",
+            netns = self.netns,
+            link = self.link,
+        );
+        run(&script, "cannot give the test network another address");
         self
     }
 }

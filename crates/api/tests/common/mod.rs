@@ -13,11 +13,21 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A tier that counts the creates that reach it and runs nothing.
+/// A tier that counts the creates that reach it, records the spec each was
+/// given, and runs nothing.
 #[derive(Default)]
 pub struct CountingTier {
     pub creates: AtomicUsize,
+    /// The spec of every create that reached the tier, in order.
+    pub specs: Mutex<Vec<SandboxSpec>>,
     ids: AtomicUsize,
+}
+
+impl CountingTier {
+    /// The spec of the last create that reached the tier.
+    pub fn last_spec(&self) -> Option<SandboxSpec> {
+        self.specs.lock().unwrap().last().cloned()
+    }
 }
 
 #[async_trait::async_trait]
@@ -32,7 +42,8 @@ impl Backend for CountingTier {
         format!("sbx-{:016x}", self.ids.fetch_add(1, Ordering::SeqCst))
     }
     fn unreserve(&self, _: &str) {}
-    async fn create(&self, _: &str, _: &SandboxSpec) -> Result<Instance, CreateError> {
+    async fn create(&self, _: &str, spec: &SandboxSpec) -> Result<Instance, CreateError> {
+        self.specs.lock().unwrap().push(spec.clone());
         self.creates.fetch_add(1, Ordering::SeqCst);
         Err(CreateError::BadInput("this test tier runs nothing".into()))
     }
