@@ -160,7 +160,8 @@ async fn a_store_failure_after_the_backend_started_a_sandbox_destroys_it_and_fre
     let daemon = Daemon::new(config, Arc::clone(&store), tier.clone()).unwrap();
 
     let failed = daemon.create(&key, request(), "req-1").await;
-    let Err(DaemonError::Internal(_)) = failed else {
+    // A locked database is the store being unavailable (503).
+    let Err(DaemonError::Unavailable(_)) = failed else {
         panic!(
             "the create whose store write failed answered {:?}",
             failed.map(|c| c.row.id)
