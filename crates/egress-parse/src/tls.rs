@@ -97,7 +97,10 @@ fn first_headers(bytes: &[u8]) -> Option<Sniffed> {
     // The handshake header as far as it lies in the first record (a hello
     // cut into tiny records has the next record's header after it).
     let handshake = &bytes[RECORD_HEADER..(RECORD_HEADER + length).min(bytes.len())];
-    if handshake.first().is_some_and(|&kind| kind != HANDSHAKE_CLIENT_HELLO) {
+    if handshake
+        .first()
+        .is_some_and(|&kind| kind != HANDSHAKE_CLIENT_HELLO)
+    {
         return Some(Sniffed::Malformed(
             "the first handshake message is not a ClientHello",
         ));
