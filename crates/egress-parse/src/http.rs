@@ -339,9 +339,12 @@ struct Authority<'a> {
 
 impl<'a> Authority<'a> {
     /// `None` when the text is no authority: empty host, userinfo, a port
-    /// that is not 1 to 65535, or stray colons or brackets.
+    /// that is not 1 to 65535, stray colons or brackets, or bytes that are
+    /// not visible ASCII (a `Host` value may carry obs-text, bytes over
+    /// 0x7f, which no host name has and which a server could read as
+    /// another name).
     fn parse(text: &'a [u8]) -> Option<Authority<'a>> {
-        if text.contains(&b'@') {
+        if text.contains(&b'@') || !text.iter().all(u8::is_ascii_graphic) {
             return None;
         }
         let (host, port) = if text.starts_with(b"[") {
@@ -505,6 +508,10 @@ mod tests {
             "GET / HTTP/1.1\r\nHost: pypi.org:80:80\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            // Found by the fuzzer (fuzz/corpus/http_head/host-obs-text): a
+            // Host with bytes over 0x7f was a name of Latin-1 characters.
+            "GET /x HTTP/1.1\r\nHost: 127.0.0\u{ff}.1:18450\r\n\r\n",
+            "GET /x HTTP/1.1\r\nHost: b\u{fc}cher.de\r\n\r\n",
             "GET / HTTP/1.1\r\n\r\n",
             "GET http://evil.com/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
             "GET http://pypi.org:8080/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
