@@ -45,7 +45,10 @@ fuzz_target!(|input: &[u8]| {
             // same value: without serde_json's float_roundtrip a float may
             // move by an ulp, which no message of ours depends on).
             let text = serde_json::to_vec(&value).expect("a value serializes");
-            assert!(decode::<serde_json::Value>(&text).is_ok(), "it does not parse again");
+            assert!(
+                decode::<serde_json::Value>(&text).is_ok(),
+                "it does not parse again"
+            );
         }
     }
     assert_eq!(&data[..rebuilt.len()], &rebuilt[..]);

@@ -36,8 +36,8 @@ fuzz_target!(|input: &[u8]| {
         encoder.write_all(member).expect("writes to a Vec");
         packed.extend(encoder.finish().expect("finishes into a Vec"));
     }
-    let (kept, total) = ready(gunzip(chunks(&mut u, &packed), usize::MAX))
-        .expect("what we gzipped decodes");
+    let (kept, total) =
+        ready(gunzip(chunks(&mut u, &packed), usize::MAX)).expect("what we gzipped decodes");
     assert_eq!(total, data.len() as u64);
     assert_eq!(kept, data);
 });

@@ -60,14 +60,21 @@ fuzz_target!(|input: &[u8]| {
         }
         let mut tail = content.clone();
         tail.extend_from_slice(delimiter.as_bytes());
-        if tail.windows(delimiter.len()).position(|w| w == delimiter.as_bytes()) != Some(content.len()) {
+        if tail
+            .windows(delimiter.len())
+            .position(|w| w == delimiter.as_bytes())
+            != Some(content.len())
+        {
             return; // the data holds the delimiter: not something a client sends
         }
         parts.push((name, content));
     }
     let sent = body(boundary, &parts);
-    let got = ready(multipart(chunks(&mut Unstructured::new(cuts), &sent), boundary))
-        .expect("a body built from parts is read");
+    let got = ready(multipart(
+        chunks(&mut Unstructured::new(cuts), &sent),
+        boundary,
+    ))
+    .expect("a body built from parts is read");
     let got: Vec<(String, Vec<u8>)> = got
         .into_iter()
         .map(|(name, data)| (name.expect("every part has a filename"), data))

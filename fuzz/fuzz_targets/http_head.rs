@@ -8,7 +8,10 @@ use airlock_egress_parse::{http_host, one_request_only, tls_sni, Sniffed, MAX_SN
 use libfuzzer_sys::fuzz_target;
 
 fn head_end(bytes: &[u8]) -> Option<usize> {
-    bytes.windows(4).position(|w| w == b"\r\n\r\n").map(|at| at + 4)
+    bytes
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4)
 }
 
 fuzz_target!(|data: &[u8]| {

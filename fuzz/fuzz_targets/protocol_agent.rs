@@ -32,13 +32,16 @@ fuzz_target!(|data: &[u8]| {
             // The agent's two-step reading accepts what the direct one
             // does, and nothing it refuses.
             (Ok(_), Err(e)) => panic!("a request read directly fails through a value: {e}"),
-            (Err(_), Ok(request)) => panic!("a request read through a value fails directly: {request:?}"),
+            (Err(_), Ok(request)) => {
+                panic!("a request read through a value fails directly: {request:?}")
+            }
             (Err(_), Err(_)) => {}
         }
         if let Ok(request) = via_value {
             let again = Frame::with_payload(frame.id, request, frame.payload);
             let bytes = encode(&again).expect("a decoded request encodes");
-            let decoded = ready(read_frame::<_, Request>(&mut &bytes[..])).expect("and decodes again");
+            let decoded =
+                ready(read_frame::<_, Request>(&mut &bytes[..])).expect("and decodes again");
             assert_eq!(decoded, again);
         }
     }

@@ -21,13 +21,19 @@ fuzz_target!(|data: &[u8]| {
         };
         // The relay passes a frame on exactly as it came.
         assert_eq!(raw, &before[..raw.len()]);
-        assert_eq!(relayed.len(), decoded.len(), "the readers took different lengths");
+        assert_eq!(
+            relayed.len(),
+            decoded.len(),
+            "the readers took different lengths"
+        );
         match event {
             Ok(frame) => {
-                let again = ready(read_frame::<_, Event>(&mut &raw[..])).expect("the relayed frame decodes");
+                let again = ready(read_frame::<_, Event>(&mut &raw[..]))
+                    .expect("the relayed frame decodes");
                 assert_eq!(again, frame);
                 let bytes = encode(&frame).expect("a decoded event encodes");
-                let round: Frame<Event> = ready(read_frame(&mut &bytes[..])).expect("and decodes again");
+                let round: Frame<Event> =
+                    ready(read_frame(&mut &bytes[..])).expect("and decodes again");
                 assert_eq!(round, frame);
             }
             // The client skips a frame it cannot decode and reads on.
