@@ -97,6 +97,10 @@ pub struct ServeArgs {
     /// Rotated files kept per audit stream (`.1` … `.N`; older ones go).
     #[arg(long, default_value_t = AuditLimits::default().files_kept)]
     audit_files_kept: u32,
+    /// Security events of one kind about one sandbox written in full per
+    /// 10 s interval; the rest are summed into one `audit.suppressed`.
+    #[arg(long, default_value_t = AuditLimits::default().full_per_kind)]
+    audit_events_in_full: u32,
     /// How long audit events stay queryable in the state database.
     #[arg(long, default_value = "30d", value_parser = parse_duration)]
     audit_retention: Duration,
@@ -233,6 +237,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         file_bytes: args.audit_file_size,
         files_kept: args.audit_files_kept,
         retention: args.audit_retention,
+        full_per_kind: args.audit_events_in_full,
+        full_total: AuditLimits::default()
+            .full_total
+            .max(args.audit_events_in_full),
         ..AuditLimits::default()
     };
     config.mount_roots = args

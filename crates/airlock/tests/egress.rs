@@ -363,13 +363,28 @@ fn create(daemon: &TestDaemon, network: serde_json::Value) -> String {
     created["id"].as_str().unwrap().to_owned()
 }
 
+/// The egress denials of `id` in the security stream, once they have come
+/// through the egress worker and the audit writer (both asynchronous):
+/// read until two reads a moment apart agree.
 fn denials(daemon: &TestDaemon, id: &str) -> Vec<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(daemon.data_dir().join("audit/security.jsonl")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| e["kind"] == "egress.denied" && e["sandbox_id"] == id)
-        .collect()
+    let read = || {
+        let text = std::fs::read_to_string(daemon.data_dir().join("audit/security.jsonl"))
+            .unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["kind"] == "egress.denied" && e["sandbox_id"] == id)
+            .collect::<Vec<_>>()
+    };
+    let mut seen = read();
+    for _ in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let again = read();
+        if again.len() == seen.len() && !again.is_empty() {
+            return again;
+        }
+        seen = again;
+    }
+    seen
 }
 
 /// The value of `airlock_egress_total{protocol, reason}` in a metrics
@@ -403,6 +418,9 @@ fn egress_follows_the_policy() {
     }
     flags.push("--max-live".into());
     flags.push("128".into());
+    // Every refusal in full: the test reads them one by one.
+    flags.push("--audit-events-in-full".into());
+    flags.push("100000".into());
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let daemon = TestDaemon::start(&flags);
 
@@ -881,7 +899,13 @@ impl Drop for Internet6 {
 #[test]
 fn egress_over_ipv6_follows_the_policy() {
     let internet = Internet6::start();
-    let daemon = TestDaemon::start(&["--egress-host", &format!("v6site.test={V6_SITE}")]);
+    let daemon = TestDaemon::start(&[
+        "--egress-host",
+        &format!("v6site.test={V6_SITE}"),
+        // Every refusal in full: the test reads them one by one.
+        "--audit-events-in-full",
+        "100000",
+    ]);
     let hello = "hello from v6site.test\n";
 
     // A name with only an IPv6 address: the sandbox's resolver answers

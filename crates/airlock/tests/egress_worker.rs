@@ -94,20 +94,22 @@ fn egress_is_served_by_a_confined_worker_that_comes_back() {
     // And refusals still reach the audit trail.
     let (out, _) = daemon.sh_out(id, "getent hosts denied.test || echo refused");
     assert_eq!(out, "refused\n");
-    let events = daemon
-        .call(
-            "GET",
-            &format!("/v1/sandboxes/{id}/events?stream=security"),
-            None,
-        )
-        .json();
-    assert!(
-        events["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["detail"]["destination"] == "denied.test"),
-        "{events}"
-    );
+    // Reports cross the worker's channel and the audit writer: wait.
+    let mut events = serde_json::Value::Null;
+    let found = TestDaemon::wait_for(Duration::from_secs(10), || {
+        events = daemon
+            .call(
+                "GET",
+                &format!("/v1/sandboxes/{id}/events?stream=security"),
+                None,
+            )
+            .json();
+        events["items"].as_array().is_some_and(|items| {
+            items
+                .iter()
+                .any(|e| e["detail"]["destination"] == "denied.test")
+        })
+    });
+    assert!(found, "no denial of denied.test: {events}");
     daemon.delete_all();
 }

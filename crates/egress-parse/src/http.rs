@@ -1,6 +1,15 @@
 //! HTTP/1.x request heads (RFC 9112): the request line and the `Host`
-//! header, read strictly, since anything a lenient reader accepts could be
-//! read differently by the server behind the proxy.
+//! header, tokenized by `httparse` (hyper's own head parser) and read
+//! strictly, since anything a lenient reader accepts could be read
+//! differently by the server behind the proxy.
+//!
+//! What httparse allows that a server may read but a proxy judging the
+//! request must refuse is checked here, around it: a bare LF (or CR) as a
+//! line end, empty lines before the request line, two `Host` headers,
+//! non-ASCII bytes in the target, and a `Host` or target that is not
+//! exactly `host[:port]` (httparse does not read authorities, and the
+//! `http` crate's `Authority` takes userinfo and empty ports, so that
+//! small reader is ours too).
 
 use crate::{Sniffed, MAX_SNIFF_BYTES};
 
@@ -18,76 +27,139 @@ use crate::{Sniffed, MAX_SNIFF_BYTES};
 /// LF), obs-fold continuation lines, header lines without a colon or with
 /// space before it, control characters in values, two `Host` headers, and
 /// heads not complete within [`MAX_SNIFF_BYTES`]. Only the head is read;
-/// bytes after the blank line are not looked at.
+/// bytes after the blank line are not looked at. A line that breaks these
+/// rules is refused as soon as it is complete, before the head is.
 pub fn http_host(first_bytes: &[u8]) -> Sniffed {
     let window = &first_bytes[..first_bytes.len().min(MAX_SNIFF_BYTES)];
-    let mut lines: Vec<&[u8]> = Vec::new();
-    let mut rest = window;
-    let mut complete = false;
-    while let Some(end) = find_crlf(rest) {
-        let line = &rest[..end];
-        rest = &rest[end + 2..];
-        if line.is_empty() {
-            complete = true;
-            break;
-        }
-        lines.push(line);
-    }
-    if lines
-        .iter()
-        .any(|line| line.contains(&b'\r') || line.contains(&b'\n'))
-    {
+    let full = first_bytes.len() >= MAX_SNIFF_BYTES;
+    let head_end = memchr::memmem::find(window, b"\r\n\r\n").map(|at| at + 4);
+    let head = &window[..head_end.unwrap_or(window.len())];
+    if has_bare_cr_or_lf(head) {
         return Sniffed::Malformed("a line of the request head ends in a bare CR or LF");
     }
-    if !complete {
-        // The partial last line may only end in the CR of a CRLF to come.
-        let partial = rest.strip_suffix(b"\r").unwrap_or(rest);
-        if partial.contains(&b'\r') || partial.contains(&b'\n') {
-            return Sniffed::Malformed("a line of the request head ends in a bare CR or LF");
-        }
+    if head.starts_with(b"\r\n") {
+        // httparse skips them, as RFC 9112 (2.2) lets a server do.
+        return Sniffed::Malformed("the request head starts with an empty line");
     }
-    let Some(request_line) = lines.first() else {
-        if complete {
-            return Sniffed::Malformed("the request head starts with an empty line");
-        }
-        return match method_prefix_is_plausible(rest) {
-            true if first_bytes.len() >= MAX_SNIFF_BYTES => {
-                Sniffed::Malformed("the request head is over 16 KiB")
+    let verdict = match head_end {
+        Some(_) => match parse(head) {
+            Ok((request_line, host)) => request_line.name(host),
+            Err(verdict) => verdict,
+        },
+        // No head yet: httparse says nothing of the lines so far, so they
+        // are read as a head of their own, to refuse a broken line now
+        // rather than once the rest arrived. A first line not yet whole
+        // must still be able to become a request line.
+        None => match memchr::memmem::rfind(head, b"\r\n") {
+            None if method_prefix_is_plausible(head.strip_suffix(b"\r").unwrap_or(head)) => {
+                Sniffed::NeedMore
             }
-            true => Sniffed::NeedMore,
-            false => Sniffed::NotHttp,
-        };
+            None => Sniffed::NotHttp,
+            Some(at) => {
+                let mut lines = head[..at + 2].to_vec();
+                lines.extend_from_slice(b"\r\n");
+                match parse(&lines) {
+                    Ok(_) => Sniffed::NeedMore,
+                    Err(verdict) => verdict,
+                }
+            }
+        },
     };
-    let request = match RequestLine::parse(request_line) {
-        Ok(request) => request,
-        Err(verdict) => return verdict,
+    match verdict {
+        Sniffed::NeedMore if full => Sniffed::Malformed("the request head is over 16 KiB"),
+        other => other,
+    }
+}
+
+const NO_HOST: &str = "an HTTP/1.1 request has no Host header";
+
+/// Whether a line of `head` ends in anything but CRLF, or a CR stands
+/// alone (a CR at the very end may be the start of a CRLF to come).
+fn has_bare_cr_or_lf(head: &[u8]) -> bool {
+    memchr::memchr2_iter(b'\r', b'\n', head).any(|at| match head[at] {
+        b'\n' => at == 0 || head[at - 1] != b'\r',
+        _ => head.get(at + 1).is_some_and(|&next| next != b'\n'),
+    })
+}
+
+/// The request line and `Host` of a complete head (ending in an empty
+/// line), each line checked; the verdict on bytes that are no such head.
+fn parse(head: &[u8]) -> Result<(RequestLine<'_>, Option<Authority<'_>>), Sniffed> {
+    // Every header takes a line: that many slots are enough, so httparse
+    // never fails for want of them, and no more than the head's size.
+    let lines = memchr::memchr_iter(b'\n', head).count();
+    let mut headers = vec![httparse::EMPTY_HEADER; lines];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(Sniffed::NeedMore),
+        Err(httparse::Error::Version) => return Err(Sniffed::NotHttp),
+        Err(httparse::Error::HeaderName) => {
+            return Err(Sniffed::Malformed(
+                "a header name is empty or has a character a name cannot have, \
+                 or a line is folded (obs-fold)",
+            ))
+        }
+        Err(httparse::Error::HeaderValue) => {
+            return Err(Sniffed::Malformed("a header value has a control character"))
+        }
+        Err(_) if plausible_method(head) => {
+            return Err(Sniffed::Malformed(
+                "the request line is not `method target version`",
+            ))
+        }
+        Err(_) => return Err(Sniffed::NotHttp),
+    }
+    let (Some(method), Some(target), Some(version)) =
+        (request.method, request.path, request.version)
+    else {
+        return Err(Sniffed::NeedMore);
+    };
+    if method.len() > MAX_METHOD {
+        return Err(Sniffed::NotHttp);
+    }
+    if !target.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Sniffed::Malformed(
+            "the request target is empty or has control or non-ASCII bytes",
+        ));
+    }
+    let request_line = RequestLine {
+        method: method.as_bytes(),
+        target: target.as_bytes(),
+        version: if version == 0 {
+            Version::Http10
+        } else {
+            Version::Http11
+        },
     };
     let mut host: Option<&[u8]> = None;
-    for line in &lines[1..] {
-        match header(line) {
-            Err(verdict) => return verdict,
-            Ok((name, value)) if name.eq_ignore_ascii_case(b"host") => {
-                if host.is_some() {
-                    return Sniffed::Malformed("the request has two Host headers");
-                }
-                host = Some(value);
+    for header in request.headers.iter() {
+        if header.name.eq_ignore_ascii_case("host") {
+            if host.is_some() {
+                return Err(Sniffed::Malformed("the request has two Host headers"));
             }
-            Ok(_) => {}
+            host = Some(trim(header.value));
         }
     }
-    if !complete {
-        return if first_bytes.len() >= MAX_SNIFF_BYTES {
-            Sniffed::Malformed("the request head is over 16 KiB")
-        } else {
-            Sniffed::NeedMore
-        };
+    match host.map(Authority::parse) {
+        None => Ok((request_line, None)),
+        Some(Some(authority)) => Ok((request_line, Some(authority))),
+        Some(None) => Err(Sniffed::Malformed("the Host header is not host[:port]")),
     }
-    let host = match host.map(Authority::parse) {
-        None => None,
-        Some(Some(authority)) => Some(authority),
-        Some(None) => return Sniffed::Malformed("the Host header is not host[:port]"),
-    };
-    request.name(host)
+}
+
+/// A header value without the spaces and tabs around it.
+fn trim(value: &[u8]) -> &[u8] {
+    let is_space = |b: &u8| *b == b' ' || *b == b'\t';
+    let start = value
+        .iter()
+        .position(|b| !is_space(b))
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !is_space(b))
+        .map_or(start, |i| i + 1);
+    &value[start..end]
 }
 
 /// `request` changed so that the server answers its first request alone
@@ -123,9 +195,12 @@ pub fn one_request_only(request: Vec<u8>) -> Vec<u8> {
     };
     let mut kept = Vec::with_capacity(headers.len());
     for line in headers {
-        let Ok((name, _)) = header(line) else {
+        // http_host checked every header line: its name ends at the
+        // first colon.
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
             return request;
         };
+        let name = &line[..colon];
         if name.eq_ignore_ascii_case(b"upgrade") {
             return request;
         }
@@ -182,39 +257,7 @@ struct RequestLine<'a> {
     version: Version,
 }
 
-impl<'a> RequestLine<'a> {
-    /// `method SP target SP HTTP/1.x`, exactly one space apart.
-    fn parse(line: &'a [u8]) -> Result<RequestLine<'a>, Sniffed> {
-        let mut parts = line.split(|&b| b == b' ');
-        let (Some(method), Some(target), Some(version), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(if plausible_method(line) {
-                Sniffed::Malformed("the request line is not `method target version`")
-            } else {
-                Sniffed::NotHttp
-            });
-        };
-        if method.is_empty() || method.len() > MAX_METHOD || !method.iter().all(|&b| is_tchar(b)) {
-            return Err(Sniffed::NotHttp);
-        }
-        let version = match version {
-            b"HTTP/1.1" => Version::Http11,
-            b"HTTP/1.0" => Version::Http10,
-            _ => return Err(Sniffed::NotHttp),
-        };
-        if target.is_empty() || !target.iter().all(|b| b.is_ascii_graphic()) {
-            return Err(Sniffed::Malformed(
-                "the request target is empty or has control or non-ASCII bytes",
-            ));
-        }
-        Ok(RequestLine {
-            method,
-            target,
-            version,
-        })
-    }
-
+impl RequestLine<'_> {
     /// The name the request goes to, given its `Host` header.
     fn name(&self, host: Option<Authority<'_>>) -> Sniffed {
         if self.method == b"CONNECT" {
@@ -246,7 +289,7 @@ impl<'a> RequestLine<'a> {
                     return Sniffed::Malformed("the Host header differs from the target's host");
                 }
             } else if self.version == Version::Http11 {
-                return Sniffed::Malformed("an HTTP/1.1 request has no Host header");
+                return Sniffed::Malformed(NO_HOST);
             }
             return target.sniffed();
         }
@@ -256,7 +299,7 @@ impl<'a> RequestLine<'a> {
         match (host, self.version) {
             (Some(host), _) => host.sniffed(),
             (None, Version::Http10) => Sniffed::NoName,
-            (None, Version::Http11) => Sniffed::Malformed("an HTTP/1.1 request has no Host header"),
+            (None, Version::Http11) => Sniffed::Malformed(NO_HOST),
         }
     }
 }
@@ -296,9 +339,12 @@ struct Authority<'a> {
 
 impl<'a> Authority<'a> {
     /// `None` when the text is no authority: empty host, userinfo, a port
-    /// that is not 1 to 65535, or stray colons or brackets.
+    /// that is not 1 to 65535, stray colons or brackets, or bytes that are
+    /// not visible ASCII (a `Host` value may carry obs-text, bytes over
+    /// 0x7f, which no host name has and which a server could read as
+    /// another name).
     fn parse(text: &'a [u8]) -> Option<Authority<'a>> {
-        if text.contains(&b'@') {
+        if text.contains(&b'@') || !text.iter().all(u8::is_ascii_graphic) {
             return None;
         }
         let (host, port) = if text.starts_with(b"[") {
@@ -345,37 +391,6 @@ fn parse_port(digits: &[u8]) -> Option<u16> {
         .iter()
         .fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
     u16::try_from(value).ok().filter(|p| *p != 0)
-}
-
-/// One header line: `name: value`, the value without surrounding spaces.
-fn header(line: &[u8]) -> Result<(&[u8], &[u8]), Sniffed> {
-    if line.starts_with(b" ") || line.starts_with(b"\t") {
-        return Err(Sniffed::Malformed(
-            "a header line is folded onto the previous one (obs-fold)",
-        ));
-    }
-    let Some(colon) = line.iter().position(|&b| b == b':') else {
-        return Err(Sniffed::Malformed("a header line has no colon"));
-    };
-    let (name, value) = (&line[..colon], &line[colon + 1..]);
-    if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-        return Err(Sniffed::Malformed(
-            "a header name is empty or has a character a name cannot have",
-        ));
-    }
-    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-        return Err(Sniffed::Malformed("a header value has a control character"));
-    }
-    let is_space = |b: &u8| *b == b' ' || *b == b'\t';
-    let start = value
-        .iter()
-        .position(|b| !is_space(b))
-        .unwrap_or(value.len());
-    let end = value
-        .iter()
-        .rposition(|b| !is_space(b))
-        .map_or(start, |i| i + 1);
-    Ok((name, &value[start..end]))
 }
 
 #[cfg(test)]
@@ -493,6 +508,10 @@ mod tests {
             "GET / HTTP/1.1\r\nHost: pypi.org:80:80\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n",
             "GET / HTTP/1.1\r\nHost: \r\n\r\n",
+            // Found by the fuzzer (fuzz/corpus/http_head/host-obs-text): a
+            // Host with bytes over 0x7f was a name of Latin-1 characters.
+            "GET /x HTTP/1.1\r\nHost: 127.0.0\u{ff}.1:18450\r\n\r\n",
+            "GET /x HTTP/1.1\r\nHost: b\u{fc}cher.de\r\n\r\n",
             "GET / HTTP/1.1\r\n\r\n",
             "GET http://evil.com/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
             "GET http://pypi.org:8080/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n",
@@ -550,6 +569,46 @@ mod tests {
             b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n"
         )));
         assert!(is_malformed(&http_host(b"GET / HTTP/1.1\r\nHost: a\nX")));
+    }
+
+    #[test]
+    fn heads_real_clients_sent() {
+        // Captured with a local listener: curl 7.88.1 plainly, through
+        // -x as a proxy (absolute form, CONNECT), Python's urllib.
+        let table: [(&[u8], Sniffed); 4] = [
+            (
+                b"GET /simple/pip/ HTTP/1.1\r\nHost: pypi.org:18447\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n",
+                name("pypi.org", Some(18447)),
+            ),
+            (
+                b"GET http://pypi.org/simple/?q=1 HTTP/1.1\r\nHost: pypi.org\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\nProxy-Connection: Keep-Alive\r\n\r\n",
+                name("pypi.org", None),
+            ),
+            (
+                b"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\nUser-Agent: curl/7.88.1\r\nProxy-Connection: Keep-Alive\r\n\r\n",
+                name("pypi.org", Some(443)),
+            ),
+            (
+                b"GET /x HTTP/1.1\r\nAccept-Encoding: identity\r\nHost: 127.0.0.1:18450\r\nUser-Agent: Python-urllib/3.11\r\nConnection: close\r\n\r\n",
+                name("127.0.0.1", Some(18450)),
+            ),
+        ];
+        for (head, expected) in table {
+            assert_eq!(http_host(head), expected);
+            for end in 0..head.len() {
+                assert_eq!(http_host(&head[..end]), Sniffed::NeedMore, "{end}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_head_of_many_short_headers_is_read_whole() {
+        let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+        while head.len() < MAX_SNIFF_BYTES - 32 {
+            head.extend_from_slice(b"a:\r\n");
+        }
+        head.extend_from_slice(b"Host: pypi.org\r\n\r\n");
+        assert_eq!(http_host(&head), name("pypi.org", None));
     }
 
     #[test]

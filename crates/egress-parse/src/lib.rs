@@ -6,10 +6,16 @@
 //!
 //! These functions read bytes written by code we do not trust, in the
 //! daemon's process, before any policy applies. Kept apart they have no
-//! dependencies and no state, forbid `unsafe`, never panic on any input
-//! (tests feed them truncations and random bytes) and look at no more than
-//! [`MAX_SNIFF_BYTES`]; they can be fuzzed on their own, and the policy
+//! state, forbid `unsafe`, never panic on any input (tests feed them
+//! truncations and random bytes, and `fuzz/` at the repository's root
+//! fuzzes them) and look at no more than [`MAX_SNIFF_BYTES`]; the policy
 //! crate stays pure data with no wire formats in it.
+//!
+//! The wire formats are read by crates made for them: a ClientHello by
+//! rustls's server `Acceptor` (no crypto provider), a request head by
+//! `httparse`, hyper's own head parser. What is ours on top is the
+//! strictness a proxy judging a connection needs and a server does not
+//! (see each module).
 //!
 //! # How the egress proxy uses them
 //!

@@ -1,12 +1,34 @@
-//! TLS ClientHello: the `server_name` extension (RFC 6066) of the first
-//! handshake message, reassembled across records.
+//! TLS ClientHello: its `server_name` (RFC 6066), read by rustls's server
+//! [`Acceptor`], which reassembles the hello across records and parses it
+//! as a TLS server would, with no certificate, key or crypto provider.
+//!
+//! The bytes are fed to the acceptor from a slice: the caller keeps every
+//! byte it read and forwards them upstream untouched (the acceptor's own
+//! copy, and the alert it would send, are dropped).
+//!
+//! Ours, in front of rustls, is only a look at the first record and
+//! handshake headers, for what rustls cannot tell from a prefix:
+//! - whether the bytes are TLS at all ([`Sniffed::NotTls`]): the proxy asks
+//!   the TLS and HTTP readers both and waits while either wants more bytes,
+//!   and rustls can only ask for more until a whole record is in;
+//! - that a hello declares more than [`MAX_SNIFF_BYTES`], or its first
+//!   record a length TLS does not allow, refused before waiting for it.
+//!
+//! Where rustls reads stricter than the hand-written reader it replaced, a
+//! hello is [`Sniffed::Malformed`] that names no host the proxy could use
+//! anyway: a hello without `signature_algorithms` (every TLS 1.2 and 1.3
+//! client sends it; a TLS 1.0 hello without extensions does not), and an
+//! SNI that is no DNS name (control or non-ASCII bytes), which
+//! `canonical_host` refused too. An SNI holding an IP address, which
+//! RFC 6066 forbids and curl or OpenSSL never send, is taken as no SNI, as
+//! rustls does: the connection is judged by its address. The name rustls
+//! gives is in lower case, without a trailing dot.
 
 use crate::{Sniffed, MAX_SNIFF_BYTES};
+use rustls::server::Acceptor;
 
 const CONTENT_HANDSHAKE: u8 = 22;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
-const EXTENSION_SERVER_NAME: u16 = 0;
-const NAME_TYPE_HOST_NAME: u8 = 0;
 /// Largest plaintext record fragment (RFC 8446, 5.1).
 const MAX_FRAGMENT: usize = 1 << 14;
 const RECORD_HEADER: usize = 5;
@@ -14,221 +36,91 @@ const HANDSHAKE_HEADER: usize = 4;
 
 /// The SNI host name of a TLS ClientHello.
 ///
-/// `first_bytes` are the first bytes the client sent. The hello may span
-/// several handshake records; it is reassembled up to [`MAX_SNIFF_BYTES`].
-/// Returns [`Sniffed::NeedMore`] for every proper prefix of a well-formed
-/// hello, [`Sniffed::NotTls`] when the first record is not a TLS handshake
-/// record, and [`Sniffed::Malformed`] when lengths disagree, the first
-/// message is not a ClientHello, an extension or a host name appears twice,
-/// or anything follows the hello.
+/// `first_bytes` are the first bytes the client sent; at most
+/// [`MAX_SNIFF_BYTES`] of them are read. The hello may span several
+/// handshake records. Returns [`Sniffed::NeedMore`] for every proper
+/// prefix of a well-formed hello, [`Sniffed::NotTls`] when the first record
+/// is not a TLS handshake record, and [`Sniffed::Malformed`] when rustls
+/// refuses the hello (lengths that disagree, a first message that is not a
+/// ClientHello, an extension or host name twice, handshake bytes after the
+/// hello in its flight) or it is not complete within [`MAX_SNIFF_BYTES`].
+/// Records after the hello's are not looked at.
 pub fn tls_sni(first_bytes: &[u8]) -> Sniffed {
-    let mut handshake: Vec<u8> = Vec::new();
-    let mut at = 0;
-    loop {
-        let header = &first_bytes[at.min(first_bytes.len())..];
-        let first_record = at == 0;
-        if let Some(&content_type) = header.first() {
-            if content_type != CONTENT_HANDSHAKE {
-                return if first_record {
-                    Sniffed::NotTls
-                } else {
-                    Sniffed::Malformed("a record other than a handshake interrupts the ClientHello")
+    if let Some(verdict) = first_headers(first_bytes) {
+        return verdict;
+    }
+    let window = &first_bytes[..first_bytes.len().min(MAX_SNIFF_BYTES)];
+    let mut acceptor = Acceptor::default();
+    let mut unread = window;
+    while !unread.is_empty() {
+        // A slice reader never fails; the acceptor refuses to buffer past
+        // a record it has not processed, which `accept` below does.
+        if acceptor.read_tls(&mut unread).is_err() {
+            return Sniffed::Malformed("the ClientHello's records overflow the TLS reader");
+        }
+        match acceptor.accept() {
+            Ok(None) => {}
+            Ok(Some(accepted)) => {
+                return match accepted.client_hello().server_name() {
+                    Some(host) => Sniffed::Name {
+                        host: host.to_owned(),
+                        port: None,
+                    },
+                    None => Sniffed::NoName,
                 };
             }
-        }
-        if let Some(&major) = header.get(1) {
-            if major != 3 {
-                return if first_record {
-                    Sniffed::NotTls
-                } else {
-                    Sniffed::Malformed("a record of another TLS version interrupts the ClientHello")
-                };
-            }
-        }
-        if header.len() < RECORD_HEADER {
-            return Sniffed::NeedMore;
-        }
-        let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
-        if length == 0 || length > MAX_FRAGMENT {
-            return Sniffed::Malformed("a handshake record has a length of 0 or over 16 KiB");
-        }
-        let available = &header[RECORD_HEADER..];
-        let fragment = &available[..length.min(available.len())];
-        handshake.extend_from_slice(fragment);
-        if let Some(&kind) = handshake.first() {
-            if kind != HANDSHAKE_CLIENT_HELLO {
-                return Sniffed::Malformed("the first handshake message is not a ClientHello");
-            }
-        }
-        if handshake.len() >= HANDSHAKE_HEADER {
-            let body_len = usize::from(handshake[1]) << 16
-                | usize::from(handshake[2]) << 8
-                | usize::from(handshake[3]);
-            let message_len = HANDSHAKE_HEADER + body_len;
-            if message_len > MAX_SNIFF_BYTES {
-                return Sniffed::Malformed("the ClientHello is over 16 KiB");
-            }
-            // The record's length counts bytes past the hello (whether
-            // they have arrived or not): a client sends nothing else in the
-            // hello's records.
-            let record_rest = length - fragment.len();
-            if handshake.len() > message_len || (handshake.len() == message_len && record_rest > 0)
-            {
-                return Sniffed::Malformed("data follows the ClientHello in its record");
-            }
-            if handshake.len() == message_len {
-                return client_hello(&handshake[HANDSHAKE_HEADER..]);
-            }
-        }
-        if fragment.len() < length {
-            return Sniffed::NeedMore;
-        }
-        at += RECORD_HEADER + length;
-        if at >= MAX_SNIFF_BYTES {
-            return Sniffed::Malformed("the ClientHello is over 16 KiB");
+            Err(_) => return Sniffed::Malformed("rustls refuses the ClientHello"),
         }
     }
+    if first_bytes.len() >= MAX_SNIFF_BYTES {
+        return Sniffed::Malformed("the ClientHello is over 16 KiB");
+    }
+    Sniffed::NeedMore
 }
 
-/// A cursor over a complete message: every read that runs past the end
-/// means a length inside the message lied.
-struct Reader<'a> {
-    data: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if n > self.data.len() {
-            return None;
-        }
-        let (head, rest) = self.data.split_at(n);
-        self.data = rest;
-        Some(head)
+/// What the first record's header and the first handshake header already
+/// say, before rustls has a whole record to read; `None` to go on.
+fn first_headers(bytes: &[u8]) -> Option<Sniffed> {
+    match bytes {
+        [] => return Some(Sniffed::NeedMore),
+        [content_type, ..] if *content_type != CONTENT_HANDSHAKE => return Some(Sniffed::NotTls),
+        [_, major, ..] if *major != 3 => return Some(Sniffed::NotTls),
+        _ => {}
     }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
-    }
-
-    /// A vector with a one-byte length.
-    fn vec8(&mut self) -> Option<&'a [u8]> {
-        let n = self.u8()?;
-        self.take(usize::from(n))
-    }
-
-    /// A vector with a two-byte length.
-    fn vec16(&mut self) -> Option<&'a [u8]> {
-        let n = self.u16()?;
-        self.take(usize::from(n))
-    }
-
-    fn is_empty(&self) -> bool {
-        self.data.is_empty()
-    }
-}
-
-const TRUNCATED: Sniffed = Sniffed::Malformed("a length inside the ClientHello runs past its end");
-
-/// The body of a complete ClientHello (after the handshake header).
-fn client_hello(body: &[u8]) -> Sniffed {
-    let mut r = Reader { data: body };
-    let Some(version) = r.u16() else {
-        return TRUNCATED;
-    };
-    if version >> 8 != 3 {
-        return Sniffed::Malformed("the ClientHello has a version other than 3.x");
-    }
-    if r.take(32).is_none() {
-        return TRUNCATED;
-    }
-    match r.vec8() {
-        Some(session_id) if session_id.len() <= 32 => {}
-        Some(_) => return Sniffed::Malformed("the session id is over 32 bytes"),
-        None => return TRUNCATED,
-    }
-    match r.vec16() {
-        Some(suites) if !suites.is_empty() && suites.len() % 2 == 0 => {}
-        Some(_) => return Sniffed::Malformed("the cipher suite list is empty or odd"),
-        None => return TRUNCATED,
-    }
-    match r.vec8() {
-        Some(methods) if !methods.is_empty() => {}
-        Some(_) => return Sniffed::Malformed("the compression method list is empty"),
-        None => return TRUNCATED,
-    }
-    if r.is_empty() {
-        // A hello from before extensions existed.
-        return Sniffed::NoName;
-    }
-    let Some(extensions) = r.vec16() else {
-        return TRUNCATED;
-    };
-    if !r.is_empty() {
-        return Sniffed::Malformed("bytes follow the extensions of the ClientHello");
-    }
-    let mut r = Reader { data: extensions };
-    let mut seen: Vec<u16> = Vec::new();
-    let mut name = None;
-    while !r.is_empty() {
-        let (Some(kind), Some(data)) = (r.u16(), r.vec16()) else {
-            return TRUNCATED;
-        };
-        if seen.contains(&kind) {
-            return Sniffed::Malformed("an extension appears twice in the ClientHello");
-        }
-        seen.push(kind);
-        if kind == EXTENSION_SERVER_NAME {
-            match server_name(data) {
-                Ok(found) => name = found,
-                Err(malformed) => return malformed,
-            }
-        }
-    }
-    match name {
-        Some(host) => Sniffed::Name { host, port: None },
-        None => Sniffed::NoName,
-    }
-}
-
-/// The host name of a `server_name` extension's data, if it holds one.
-fn server_name(data: &[u8]) -> Result<Option<String>, Sniffed> {
-    let mut outer = Reader { data };
-    let list = outer.vec16().ok_or(TRUNCATED)?;
-    if !outer.is_empty() || list.is_empty() {
-        return Err(Sniffed::Malformed(
-            "the server_name extension is empty or has bytes past its list",
+    let record = bytes.get(..RECORD_HEADER)?;
+    let length = usize::from(u16::from_be_bytes([record[3], record[4]]));
+    if length == 0 || length > MAX_FRAGMENT {
+        return Some(Sniffed::Malformed(
+            "a handshake record has a length of 0 or over 16 KiB",
         ));
     }
-    let mut r = Reader { data: list };
-    let mut host = None;
-    while !r.is_empty() {
-        let (Some(kind), Some(name)) = (r.u8(), r.vec16()) else {
-            return Err(TRUNCATED);
-        };
-        if kind != NAME_TYPE_HOST_NAME {
-            continue;
-        }
-        if host.is_some() {
-            return Err(Sniffed::Malformed("the ClientHello names two hosts"));
-        }
-        if name.is_empty() || !name.is_ascii() {
-            return Err(Sniffed::Malformed(
-                "the SNI host name is empty or not ASCII",
-            ));
-        }
-        host = Some(name.iter().map(|&b| char::from(b)).collect());
+    // The handshake header as far as it lies in the first record (a hello
+    // cut into tiny records has the next record's header after it).
+    let handshake = &bytes[RECORD_HEADER..(RECORD_HEADER + length).min(bytes.len())];
+    if handshake
+        .first()
+        .is_some_and(|&kind| kind != HANDSHAKE_CLIENT_HELLO)
+    {
+        return Some(Sniffed::Malformed(
+            "the first handshake message is not a ClientHello",
+        ));
     }
-    Ok(host)
+    if let [_, a, b, c, ..] = *handshake {
+        let body = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
+        if HANDSHAKE_HEADER + body > MAX_SNIFF_BYTES {
+            return Some(Sniffed::Malformed("the ClientHello is over 16 KiB"));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::Rng;
+
+    const EXTENSION_SERVER_NAME: u16 = 0;
+    const NAME_TYPE_HOST_NAME: u8 = 0;
 
     /// A real ClientHello: what OpenSSL 3.0 (through Python's `ssl` module
     /// with a memory BIO, no socket) sent for `files.pythonhosted.org`,
@@ -285,7 +177,10 @@ mod tests {
         let mut key_share = vec![0x00, 0x1d];
         key_share.extend(vec16(&[5u8; 32]));
         let key_share = extension(0x0033, &vec16(&key_share));
-        let mut all = vec![supported_versions, groups, key_share];
+        // ecdsa_secp256r1_sha256, rsa_pss_rsae_sha256: TLS 1.3 requires
+        // the extension, and rustls refuses a hello without it.
+        let signature_algorithms = extension(0x000d, &vec16(&[0x04, 0x03, 0x08, 0x04]));
+        let mut all = vec![supported_versions, groups, key_share, signature_algorithms];
         all.extend(extensions.iter().cloned());
         body.extend(vec16(&all.concat()));
         body
@@ -328,6 +223,34 @@ mod tests {
     }
 
     #[test]
+    fn hellos_real_clients_sent() {
+        // Captured with a local listener: curl 7.88.1 (OpenSSL 3.0, ALPN
+        // h2), the same with --tls-max 1.2, and `openssl s_client`.
+        let captured: [(&[u8], &str); 3] = [
+            (
+                include_bytes!("../testdata/curl-7.88-client-hello-pypi.org.bin"),
+                "pypi.org",
+            ),
+            (
+                include_bytes!(
+                    "../testdata/curl-7.88-tls1.2-client-hello-files.pythonhosted.org.bin"
+                ),
+                "files.pythonhosted.org",
+            ),
+            (
+                include_bytes!("../testdata/openssl-3.0-s_client-client-hello-github.com.bin"),
+                "github.com",
+            ),
+        ];
+        for (bytes, host) in captured {
+            assert_eq!(tls_sni(bytes), name(host));
+            for end in 0..bytes.len() {
+                assert_eq!(tls_sni(&bytes[..end]), Sniffed::NeedMore, "{host} {end}");
+            }
+        }
+    }
+
+    #[test]
     fn a_hand_built_hello_and_every_prefix_of_it() {
         let bytes = hello(&[sni_extension(&["pypi.org"])]);
         assert_eq!(tls_sni(&bytes), name("pypi.org"));
@@ -355,30 +278,46 @@ mod tests {
     #[test]
     fn hellos_without_a_name() {
         assert_eq!(tls_sni(&hello(&[])), Sniffed::NoName);
-        // No extensions block at all.
+        // An IP address where a host name should be (RFC 6066 forbids it):
+        // no SNI, as rustls reads it, so only address rules can allow it.
+        assert_eq!(
+            tls_sni(&hello(&[sni_extension(&["192.0.2.1"])])),
+            Sniffed::NoName
+        );
+    }
+
+    #[test]
+    fn what_rustls_refuses_names_no_host() {
+        let malformed = |bytes: &[u8]| matches!(tls_sni(bytes), Sniffed::Malformed(_));
+        // No extensions block at all (a TLS 1.0 hello), so no
+        // signature_algorithms.
         let mut body = vec![3, 1];
         body.extend([0u8; 32]);
         body.extend(vec8(&[]));
         body.extend(vec16(&[0x00, 0x2f]));
         body.extend(vec8(&[0]));
-        assert_eq!(
-            tls_sni(&records(&handshake(&body), MAX_FRAGMENT)),
-            Sniffed::NoName
-        );
+        assert!(malformed(&records(&handshake(&body), MAX_FRAGMENT)));
         // Only a name of another type.
         let mut list = vec![7];
         list.extend(vec16(b"x"));
         let other = extension(EXTENSION_SERVER_NAME, &vec16(&list));
-        assert_eq!(tls_sni(&hello(&[other])), Sniffed::NoName);
+        assert!(malformed(&hello(&[other])));
+        // Names that are no DNS names: canonical_host refused them too.
+        for bad in ["a\0b", "a b", "bad..name", "-x.test"] {
+            assert!(malformed(&hello(&[sni_extension(&[bad])])), "{bad:?}");
+        }
     }
 
     #[test]
-    fn names_are_returned_raw_for_the_caller_to_canonicalise() {
+    fn names_are_returned_in_lower_case_without_a_trailing_dot() {
         assert_eq!(
             tls_sni(&hello(&[sni_extension(&["PyPI.org."])])),
-            name("PyPI.org.")
+            name("pypi.org")
         );
-        assert_eq!(tls_sni(&hello(&[sni_extension(&["a\0b"])])), name("a\0b"));
+        assert_eq!(
+            tls_sni(&hello(&[sni_extension(&["_dmarc.Example.test"])])),
+            name("_dmarc.example.test")
+        );
     }
 
     #[test]

@@ -441,6 +441,17 @@ enum Phase {
 
 /// A streaming `multipart/form-data` reader: parts one after another, each
 /// part's data in chunks as the body arrives.
+///
+/// Ours, not `multer` (axum's multipart reader), because multer does not
+/// keep within the bounds this one holds: it buffers the preamble and each
+/// part's header block until it finds the boundary or the blank line,
+/// limited only by a size limit on the whole body (here the upload limit,
+/// gigabytes), and it takes every chunk the body has ready before handing
+/// any out, so a gzip upload, whose decoder always has the next chunk
+/// ready, would be inflated into memory whole. This reader holds at most
+/// [`MAX_PART_HEADERS`] of preamble or headers and, of a part's data, the
+/// chunk that arrived plus 64 KiB. It is fuzzed (`fuzz/`, target
+/// `e2b_multipart`).
 struct Multipart<S> {
     body: S,
     buffer: BytesMut,
@@ -632,20 +643,91 @@ where
     }
 }
 
-/// The `filename` of a Content-Disposition value.
+/// The `filename` of a Content-Disposition value (`form-data; name="file";
+/// filename="/home/user/a;b.txt"`): parameters are split at semicolons
+/// outside quoted strings, and a quoted string's `\"` and `\\` stand for
+/// `"` and `\` (RFC 9110, 5.6.4).
 fn disposition_filename(value: &str) -> Option<String> {
-    value.split(';').find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        if !k.trim().eq_ignore_ascii_case("filename") {
-            return None;
+    let mut rest = value;
+    loop {
+        let (param, after) = split_param(rest);
+        if let Some((k, v)) = param.split_once('=') {
+            if k.trim().eq_ignore_ascii_case("filename") {
+                return Some(unquote(v.trim()));
+            }
         }
-        let v = v.trim();
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(v);
-        Some(v.replace("\\\"", "\"").replace("\\\\", "\\"))
-    })
+        rest = after?;
+    }
+}
+
+/// The first `;`-separated parameter of `text` and what follows its `;`
+/// (`None` after the last), a `;` inside a quoted string not counting.
+fn split_param(text: &str) -> (&str, Option<&str>) {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (at, c) in text.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            ';' if !quoted => return (&text[..at], Some(&text[at + 1..])),
+            _ => {}
+        }
+    }
+    (text, None)
+}
+
+/// A parameter value without its quotes and escapes (a token as it is).
+fn unquote(value: &str) -> String {
+    let Some(inner) = value.strip_prefix('"') else {
+        return value.to_owned();
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => break,
+            '\\' => out.extend(chars.next()),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Reads `chunks` as a multipart body with `boundary` the way an upload
+/// does, for the fuzzer (`fuzz/`, target `e2b_multipart`): each part's
+/// file name and data, or the first error's message. Panics if the
+/// reader ever holds more than its bounds allow.
+#[cfg(feature = "fuzzing")]
+pub async fn fuzz_multipart(
+    chunks: Vec<Bytes>,
+    boundary: &str,
+) -> std::result::Result<Vec<(Option<String>, Vec<u8>)>, String> {
+    let largest = chunks.iter().map(Bytes::len).max().unwrap_or(0);
+    let stream = futures_util::stream::iter(chunks.into_iter().map(Ok::<Bytes, axum::Error>));
+    let mut multipart = Multipart::over(stream, boundary);
+    let bound = MAX_PART_HEADERS.max(multipart.delimiter.len() + (64 << 10)) + largest + 2;
+    let held = |multipart: &Multipart<_>| {
+        assert!(
+            multipart.buffer.len() <= bound,
+            "the multipart reader holds {} bytes, over its bound of {bound}",
+            multipart.buffer.len()
+        );
+    };
+    let mut parts = Vec::new();
+    loop {
+        let part = multipart.next_part().await.map_err(|e| e.message);
+        held(&multipart);
+        let Some(part) = part? else {
+            return Ok(parts);
+        };
+        let mut data = Vec::new();
+        while let Some(chunk) = multipart.next_chunk().await {
+            held(&multipart);
+            data.extend_from_slice(&chunk?);
+        }
+        parts.push((part.filename, data));
+    }
 }
 
 #[cfg(test)]
@@ -686,6 +768,49 @@ mod tests {
             assert_eq!(parts[0].1, b"hello\r\n--X\r\n");
             assert_eq!(parts[1].1, big);
             assert_eq!(parts[2], (Some("empty".into()), Vec::new()));
+        }
+    }
+
+    #[test]
+    fn file_names_may_hold_semicolons_quotes_and_backslashes() {
+        for (value, name) in [
+            (
+                r#"form-data; name="file"; filename="/home/user/a;b.txt""#,
+                "/home/user/a;b.txt",
+            ),
+            (
+                r#"form-data; filename="say \"hi\"; now"; name="file""#,
+                r#"say "hi"; now"#,
+            ),
+            (
+                r#"form-data; name="file"; filename="c:\\tmp\\x""#,
+                r"c:\tmp\x",
+            ),
+            (
+                r#"form-data; name="a;filename=evil"; filename=plain"#,
+                "plain",
+            ),
+            ("form-data; FileName=plain.txt", "plain.txt"),
+        ] {
+            assert_eq!(
+                disposition_filename(value).as_deref(),
+                Some(name),
+                "{value}"
+            );
+        }
+        assert_eq!(disposition_filename(r#"form-data; name="file""#), None);
+    }
+
+    #[tokio::test]
+    async fn endless_headers_and_preambles_are_refused_at_their_bound() {
+        let chunk = Bytes::from(vec![b'a'; 4096]);
+        for start in [&b""[..], b"--XyZ\r\nX-Long: "] {
+            let mut chunks = vec![Ok::<Bytes, axum::Error>(Bytes::copy_from_slice(start))];
+            chunks.extend((0..1000).map(|_| Ok(chunk.clone())));
+            let mut multipart = Multipart::over(futures_util::stream::iter(chunks), "XyZ");
+            let error = multipart.next_part().await.unwrap_err();
+            assert!(error.message.contains("too long"), "{}", error.message);
+            assert!(multipart.buffer.len() <= MAX_PART_HEADERS + chunk.len() + 2);
         }
     }
 

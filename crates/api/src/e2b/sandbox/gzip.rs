@@ -69,6 +69,35 @@ where
     })
 }
 
+/// Decodes `chunks` as an upload body does, for the fuzzer (`fuzz/`,
+/// target `e2b_gzip`): the decoded bytes, up to `keep` of them, and the
+/// total decoded, or the error. Panics if one step gives more than its
+/// bound.
+#[cfg(feature = "fuzzing")]
+pub async fn fuzz_gunzip(chunks: Vec<Bytes>, keep: usize) -> Result<(Vec<u8>, u64), String> {
+    let input = futures_util::stream::iter(chunks.into_iter().map(Ok));
+    let mut stream = Box::pin(gunzip(input));
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        assert!(
+            chunk.len() <= MAX_STEP,
+            "a step gave {} bytes, over {MAX_STEP}",
+            chunk.len()
+        );
+        total += chunk.len() as u64;
+        let room = keep.saturating_sub(kept.len());
+        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+    Ok((kept, total))
+}
+
+/// The most one step of [`gunzip`] gives: what [`SLICE`] inflates to at
+/// deflate's largest ratio, and some.
+#[cfg(any(test, feature = "fuzzing"))]
+const MAX_STEP: usize = 1100 * SLICE;
+
 fn corrupt(e: &std::io::Error) -> String {
     format!("the gzip-encoded body cannot be decoded: {e}")
 }
@@ -137,11 +166,7 @@ mod tests {
         block_on(async {
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.unwrap();
-                assert!(
-                    chunk.len() <= 1100 * SLICE,
-                    "a step gave {} bytes",
-                    chunk.len()
-                );
+                assert!(chunk.len() <= MAX_STEP, "a step gave {} bytes", chunk.len());
                 total += chunk.len();
             }
         });

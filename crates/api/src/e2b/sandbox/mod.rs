@@ -21,6 +21,15 @@ mod gzip;
 mod interpreter;
 mod process;
 
+/// Entry points for the fuzzer (`fuzz/` at the repository's root) into the
+/// readers of uploads that are private here; not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::files::fuzz_multipart as multipart;
+    pub use super::gzip::fuzz_gunzip as gunzip;
+}
+
 use crate::auth::Caller;
 use crate::e2b::{SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER};
 use crate::Api;
