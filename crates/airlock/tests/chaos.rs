@@ -593,7 +593,10 @@ fn host_leftovers(tag: &str, ids: &HashSet<String>, spares_of: Option<u32>) -> V
             left.push(format!(
                 "process {} of sandbox {id} still runs (cgroup {})",
                 p.describe(),
-                p.cgroup.lines().next().unwrap_or_default()
+                p.cgroup
+                    .lines()
+                    .find(|l| l.ends_with(&format!("/airlock/{id}")))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -664,6 +667,54 @@ fn report(title: &str, found: &[String], seed: u64, log: &str) -> String {
     )
 }
 
+/// The control: a live sandbox with network is seen by every probe (its
+/// supervisor, agent, cgroups, slot record, socket and deadline file, and
+/// its namespace through the daemon's or the egress worker's listeners),
+/// so a probe that finds nothing at the end found nothing because nothing
+/// is there. Then it is deleted.
+fn probes_see_a_live_sandbox(daemon: &TestDaemon, tag: &str) {
+    let created = daemon.create(json!({"network": {"mode": "allow", "rules": ["example.test"]}}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    // A changed deadline is written beside the socket.
+    let answer = daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/timeout"),
+        Some(json!({"timeout_s": 600})),
+    );
+    assert_eq!(answer.status, 200, "timeout of {id}: {}", answer.text());
+    let ids = HashSet::from([id.clone()]);
+    let found = host_leftovers(tag, &ids, Some(daemon.pid())).join("\n");
+    let (_, agents) = supervisors_and_agents(tag);
+    let mut held = foreign_netns_held_by(daemon.pid(), "the daemon");
+    for worker in egress_workers(daemon.pid()) {
+        held.extend(foreign_netns_held_by(worker.pid, "the egress worker"));
+    }
+    for (what, seen) in [
+        ("its supervisor", found.contains("supervisor")),
+        (
+            "its agent",
+            agents.iter().any(|a| a.sandbox() == Some(id.as_str())),
+        ),
+        ("a process of it", found.contains("process pid")),
+        ("its cgroup", found.contains("cgroup /sys/fs/cgroup")),
+        ("its slot record", found.contains("slot record")),
+        ("its socket", found.contains(&format!("{id}.sock is left"))),
+        (
+            "its deadline file",
+            found.contains(&format!("{id}.deadline is left")),
+        ),
+        ("its network namespace", !held.is_empty()),
+    ] {
+        assert!(
+            seen,
+            "the probes do not see {what} of the live sandbox {id}:\n{found}\n{}",
+            held.join("\n")
+        );
+    }
+    let answer = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(answer.status, 204, "delete {id}: {}", answer.text());
+}
+
 #[test]
 fn nothing_leaks_when_supervisors_agents_and_the_daemon_are_killed_at_random() {
     let seed = seed();
@@ -674,6 +725,7 @@ fn nothing_leaks_when_supervisors_agents_and_the_daemon_are_killed_at_random() {
     let mut daemon = TestDaemon::start(&["--egress-host", "example.test=203.0.113.7"]);
     let tag = daemon.instance();
     *cleanup.0.lock().unwrap() = Some(tag.clone());
+    probes_see_a_live_sandbox(&daemon, &tag);
     let endpoint = Endpoint {
         url: RwLock::new(daemon.url.clone()),
         key: daemon.key.clone(),
