@@ -62,7 +62,10 @@ impl Answer {
     }
 }
 
-fn agent() -> ureq::Agent {
+/// The HTTP client the test daemons' helpers use (no proxy, statuses
+/// are answers, a global timeout so a daemon that stops answering fails a
+/// test instead of hanging it).
+pub fn agent() -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .no_delay(true)
@@ -180,6 +183,27 @@ impl TestDaemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Stops the daemon as a service manager would (SIGTERM) and waits for
+    /// it; unlike dropping it, deletes nothing first. Its sandboxes live on.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// The tag of this daemon's supervisors and sockets directory
+    /// (`<data-dir>/instance`).
+    pub fn instance(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("instance"))
+            .expect("the daemon tags its sandboxes (<data-dir>/instance)")
+            .trim()
+            .to_owned()
     }
 
     /// A request with `key` (or none) and optional JSON or raw body.
@@ -356,6 +380,57 @@ impl TestDaemon {
         }
         check()
     }
+}
+
+/// A request with `key` and an optional JSON body to the daemon at `url`,
+/// through `agent`; a connection that fails (the daemon is down, or was
+/// killed mid-request) is an `Err` instead of a panic.
+pub fn try_call(
+    agent: &ureq::Agent,
+    url: &str,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Answer, String> {
+    let mut builder = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("{url}{path}"))
+        .header("X-API-Key", key);
+    let result = match body {
+        Some(value) => {
+            builder = builder.header("Content-Type", "application/json");
+            agent.run(
+                builder
+                    .body(value.to_string().into_bytes())
+                    .map_err(|e| e.to_string())?,
+            )
+        }
+        None => agent.run(builder.body(()).map_err(|e| e.to_string())?),
+    };
+    let mut response = result.map_err(|e| format!("{method} {path}: {e}"))?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let retry_after = header("retry-after");
+    let content_type = header("content-type");
+    // A stream cut short (its daemon or agent killed) is an error too.
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(1 << 26)
+        .read_to_vec()
+        .map_err(|e| format!("{method} {path}: reading the answer: {e}"))?;
+    Ok(Answer {
+        status: response.status().as_u16(),
+        retry_after,
+        content_type,
+        body,
+    })
 }
 
 impl Drop for TestDaemon {
