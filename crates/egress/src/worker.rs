@@ -616,7 +616,7 @@ mod tests {
     #[test]
     fn a_policy_of_the_largest_size_fits_one_message() {
         let rules: Vec<String> = (0..airlock_policy::network::MAX_RULES)
-            .map(|n| format!("{}{n}.example.com", "a".repeat(200)))
+            .map(|n| format!("{0}.{0}.{0}{n}.example.com", "a".repeat(58)))
             .collect();
         let policy: NetworkPolicy =
             serde_json::from_value(serde_json::json!({"mode": "allow", "rules": rules})).unwrap();
