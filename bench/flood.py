@@ -15,8 +15,9 @@ with the same figure in a window with no flood, measured in the same run
  (a) a DNS flood: one sandbox with an allowlist policy sends queries of
      random names under a denied domain from 3 threads, without waiting for
      answers (as crates/airlock/tests/daemon_flood.rs does);
- (b) an output flood: `yes | head -c 4G` in one sandbox's exec, read as
-     fast as it can by a client (curl, outside this process);
+ (b) an output flood: one sandbox runs `yes` in exec after exec (each
+     stops at the daemon's per-stream output cap, 16M), every answer read
+     as fast as it can by a client in a process of its own;
  (c) 20,000 idle TCP connections, held by 3 child processes (this process
      may be limited to 20,000 descriptors), each from a source address of
      its own (127.0.1.1-3), so the daemon's global cap is reached, not only
@@ -91,6 +92,36 @@ def flood(k):
 threads = [threading.Thread(target=flood, args=(k,)) for k in range(3)]
 [t.start() for t in threads]; [t.join() for t in threads]
 print(sum(sent))
+"""
+
+# A client process running `yes` in sandbox argv[4] through exec after
+# exec for argv[5] seconds, reading each answer whole; prints the bytes of
+# output read, the execs run and the seconds taken. (Its own process, so
+# the probes' latency is not this reader's.)
+OUTPUT_READER = r"""
+import http.client, json, sys, time
+host, port, key, sid, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+body = json.dumps({"cmd": "yes", "timeout_s": max(1, int(seconds))})
+conn = http.client.HTTPConnection(host, port, timeout=120)
+total = execs = 0
+t0 = time.monotonic()
+while time.monotonic() - t0 < seconds:
+    conn.request("POST", f"/v1/sandboxes/{sid}/exec", body=body,
+                 headers={"X-API-Key": key, "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        sys.exit(f"exec: HTTP {resp.status}: {resp.read()[:200]!r}")
+    last = b""
+    while True:
+        chunk = resp.read1(1 << 20)
+        if not chunk:
+            break
+        total += len(chunk)
+        last = (last + chunk)[-4096:]
+    if b'"exited"' not in last:
+        sys.exit(f"the exec stream ended without its exit: {last[-300:]!r}")
+    execs += 1
+print(total, execs, time.monotonic() - t0)
 """
 
 # A process holding argv[4] connections from source address argv[1] to
@@ -537,48 +568,48 @@ class Bench:
         return got
 
     def output_flood(self, d):
-        """(b): `yes` for d seconds, read by curl, twice: alone (what it
-        makes the daemon write), then with the probes."""
+        """(b): execs of `yes` one after another for d seconds, each read
+        whole by a client process (an exec's output stops at the daemon's
+        per-stream cap, --output-limit, 16M by default), twice: alone (what
+        it makes the daemon write), then with the probes."""
         admin = Client(self.daemon.admin())
         sid = admin.create({})
-        body = json.dumps(exec_body(["sh", "-c", "yes | head -c 8G"], int(d)))
-        argv = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
-                "-H", f"X-API-Key: {self.daemon.key}", "-H", "Content-Type: application/json",
-                "--data-binary", body,
-                f"http://{self.daemon.host}:{self.daemon.port}/v1/sandboxes/{sid}/exec"]
         reads, errors = [], []
 
         def start():
-            curl = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
-            self.helpers.append(curl)
-            return curl, time.monotonic()
+            reader = subprocess.Popen(
+                [sys.executable, "-c", OUTPUT_READER, self.daemon.host, str(self.daemon.port),
+                 self.daemon.key, sid, str(d)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.helpers.append(reader)
+            return reader
 
-        def finish(curl, t0):
-            out, err = curl.communicate(timeout=d + 60)
+        def finish(reader):
+            out, err = reader.communicate(timeout=d + 120)
             fields = out.split()
-            if curl.returncode != 0 or len(fields) != 2 or fields[0] != "200":
-                errors.append(f"the output flood's curl: exit {curl.returncode} {out} {err}")
+            if reader.returncode != 0 or len(fields) != 3:
+                errors.append(f"the output flood's reader: exit {reader.returncode} {out} {err}")
             else:
-                reads.append((int(fields[1]), time.monotonic() - t0))
+                reads.append((int(fields[0]), int(fields[1]), float(fields[2])))
 
         with RssSampler(self.daemon.pid) as rss:
             before = trail_mark(self.daemon)
-            finish(*start())
+            finish(start())
             time.sleep(2.0)  # events of its end written
             trail = trail_since(self.daemon, before, d)
-            curl, t0 = start()
+            reader = start()
             time.sleep(0.3)
             got = self.probes.run(d)
-            finish(curl, t0)
+            finish(reader)
         got["rss"] = rss.result()
         admin.delete(sid)
         admin.close()
         got["errors"] += errors
-        read = sum(r for r, _ in reads)
-        took = sum(t for _, t in reads)
+        read = sum(r[0] for r in reads)
+        took = sum(r[2] for r in reads)
         got.update({"name": "output flood", "trail": trail, "flood_s": took,
-                    "read_bytes": read, "read_mib_s": read / took / 2**20 if took else 0.0})
+                    "read_bytes": read, "execs": sum(r[1] for r in reads),
+                    "read_mib_s": read / took / 2**20 if took else 0.0})
         return got
 
     def idle_connections(self, d):
@@ -774,8 +805,9 @@ def report(res):
             extra = (f"{ph['queries']} queries in {ph['flood_s']:g} s "
                      f"({ph['queries'] / ph['flood_s']:.0f}/s), {ph['suppressed']:.0f} audit events "
                      f"suppressed" if ph["name"] == "dns flood" and ph.get("queries")
-                     else f"{ph['read_bytes'] / 2**20:.0f} MiB read by the client in "
-                          f"{ph['flood_s']:.1f} s ({ph['read_mib_s']:.0f} MiB/s)"
+                     else f"{ph['read_bytes'] / 2**20:.0f} MiB of exec answers ({ph['execs']} "
+                          f"execs of `yes`) read by the client in {ph['flood_s']:.1f} s "
+                          f"({ph['read_mib_s']:.0f} MiB/s)"
                      if "read_bytes" in ph else "")
             p(f"{ph['name']}: {extra}")
             p(f"   written for a {t['flood_s']:g} s flood that was the only activity (measured over "
@@ -818,8 +850,6 @@ def main():
     if not os.access(args.airlock, os.X_OK):
         sys.exit(f"no airlock binary at {args.airlock}: build it (cargo build --release -p airlock) "
                  "or pass --airlock PATH")
-    if not shutil.which("curl"):
-        sys.exit("curl is missing (it reads the output flood): apt-get install curl")
 
     def on_term(signum, frame):
         raise Interrupted()
