@@ -614,6 +614,20 @@ fn a_body_framed_two_ways_is_400_and_keys_of_either_shape_work() {
     );
     assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
     assert!(answer.contains("\"code\":\"bad_request\""), "{answer}");
+    // A well-formed chunked body with a Content-Length beside it is refused
+    // the same way (hyper alone would drop the length and serve it).
+    let answer = raw_request(
+        &daemon.url,
+        &format!(
+            "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{{}}\r\n0\r\n\r\n",
+            daemon.key
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("Content-Length and Transfer-Encoding"),
+        "{answer}"
+    );
     let listed = daemon.call("GET", "/v1/sandboxes", None).json();
     assert_eq!(listed["items"], json!([]), "nothing was created");
 

@@ -133,6 +133,8 @@ struct Connection {
     trusted: AtomicBool,
     /// Told to close.
     evict: Notify,
+    /// The request head being read names its body's length two ways.
+    framed_twice: AtomicBool,
 }
 
 /// Marks the connection a request came on as carrying an authenticated
@@ -228,6 +230,7 @@ impl Connections {
             in_flight: AtomicUsize::new(0),
             trusted: AtomicBool::new(false),
             evict: Notify::new(),
+            framed_twice: AtomicBool::new(false),
         });
         table.next += 1;
         let id = table.next;
@@ -369,7 +372,28 @@ async fn serve_connection(
         let router = router.clone();
         let trust = trust.clone();
         let in_flight = InFlight::enter(&tracked);
+        let framed_twice = tracked.framed_twice.swap(false, Ordering::Relaxed);
         async move {
+            if framed_twice {
+                // RFC 9112 §6.1 lets a server reject this outright, and a
+                // request framed two ways is how requests are smuggled past
+                // proxies: refuse it, and the connection with it.
+                let mut response = axum::response::IntoResponse::into_response(
+                    crate::error::ApiError::bad_request(
+                        "a request may not carry both Content-Length and Transfer-Encoding",
+                    ),
+                );
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return Ok(response.map(|body| {
+                    Body::new(Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    })
+                }));
+            }
             let mut request = request.map(Body::new);
             request.extensions_mut().insert(trust);
             request
@@ -388,7 +412,11 @@ async fn serve_connection(
             }))
         }
     });
-    let io = TokioIo::new(Stalling::new(stream, limits.write_stall));
+    let io = TokioIo::new(Stalling::new(
+        stream,
+        limits.write_stall,
+        Arc::clone(connection),
+    ));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -464,20 +492,70 @@ impl http_body::Body for Tracked {
 }
 
 /// A stream whose writes fail once the peer has taken no bytes for
-/// `stall`.
+/// `stall`, and which looks at each request head that arrives while no
+/// request is in flight for a length given two ways (hyper reads such a
+/// request by its Transfer-Encoding and drops the Content-Length, so
+/// nothing after it can tell).
 struct Stalling {
     inner: TcpStream,
     stall: Duration,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    connection: Arc<Connection>,
+    /// The head read so far, while one is being looked at.
+    head: Option<Vec<u8>>,
+}
+
+/// Longest head looked at (hyper refuses longer ones itself).
+const MAX_HEAD_LOOKED_AT: usize = 64 << 10;
+
+/// Whether `head` (ending in its blank line) names a Content-Length and a
+/// Transfer-Encoding; `None` while it cannot be parsed.
+fn framed_twice(head: &[u8]) -> Option<bool> {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut request = httparse::Request::new(&mut headers);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {
+            let has = |name: &str| {
+                request
+                    .headers
+                    .iter()
+                    .any(|h| h.name.eq_ignore_ascii_case(name))
+            };
+            Some(has("content-length") && has("transfer-encoding"))
+        }
+        _ => None,
+    }
 }
 
 impl Stalling {
-    fn new(inner: TcpStream, stall: Duration) -> Stalling {
+    fn new(inner: TcpStream, stall: Duration, connection: Arc<Connection>) -> Stalling {
         Stalling {
             inner,
             stall,
             deadline: None,
+            connection,
+            head: None,
         }
+    }
+
+    /// Looks at bytes just read for a head framed two ways.
+    fn look_at(&mut self, bytes: &[u8]) {
+        if self.head.is_none() && self.connection.in_flight.load(Ordering::Relaxed) == 0 {
+            self.head = Some(Vec::new());
+        }
+        let Some(head) = &mut self.head else { return };
+        let room = MAX_HEAD_LOOKED_AT.saturating_sub(head.len());
+        head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        let Some(end) = memchr::memmem::find(head, b"\r\n\r\n") else {
+            if head.len() >= MAX_HEAD_LOOKED_AT {
+                self.head = None;
+            }
+            return;
+        };
+        if framed_twice(&head[..end + 4]) == Some(true) {
+            self.connection.framed_twice.store(true, Ordering::Relaxed);
+        }
+        self.head = None;
     }
 
     /// `Ready(Err)` once the write has been pending for `stall`.
@@ -517,7 +595,13 @@ impl AsyncRead for Stalling {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let this = &mut *self;
+        let result = ready!(Pin::new(&mut this.inner).poll_read(cx, buf));
+        if result.is_ok() && buf.filled().len() > before {
+            this.look_at(&buf.filled()[before..]);
+        }
+        Poll::Ready(result)
     }
 }
 
@@ -567,6 +651,7 @@ mod tests {
             in_flight: AtomicUsize::new(in_flight),
             trusted: AtomicBool::new(trusted),
             evict: Notify::new(),
+            framed_twice: AtomicBool::new(false),
         })
     }
 
@@ -597,6 +682,15 @@ mod tests {
         assert_eq!(busy.victim(None), Some(2), "a stranger's request in flight");
         let serving = self::table(vec![connection([10, 0, 0, 1], 1, true)]);
         assert_eq!(serving.victim(None), None, "an authenticated request stays");
+    }
+
+    #[test]
+    fn a_head_framed_two_ways_is_seen() {
+        let both = b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(framed_twice(both), Some(true));
+        let one = b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        assert_eq!(framed_twice(one), Some(false));
+        assert_eq!(framed_twice(b"POST / HTTP/1.1\r\nHost"), None);
     }
 
     #[test]
