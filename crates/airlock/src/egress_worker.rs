@@ -52,21 +52,13 @@ pub fn main() -> ExitCode {
         // The daemon went away: nothing left to serve.
         Err(airlock_egress::WorkerError::Closed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("airlock egress-worker: error: {}", error_chain(&e));
+            eprintln!(
+                "airlock egress-worker: error: {}",
+                crate::run::error_chain(&e)
+            );
             ExitCode::from(crate::EXIT_INTERNAL)
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Steps 1–5 of the module docs.
