@@ -334,9 +334,15 @@ fn egress_path(
             })
             .inc();
         if !event.allowed {
+            // Being rate-limited is its own kind, so the denials of a flood
+            // never use up its budget of events written in full.
+            let kind = match event.reason {
+                "rate_limited" | "too_many_at_once" => "egress.limited",
+                _ => "egress.denied",
+            };
             audit.record(
                 airlock_store::Stream::Security,
-                "egress.denied",
+                kind,
                 Some(&event.sandbox),
                 None,
                 serde_json::json!({

@@ -21,23 +21,26 @@ pub(crate) async fn serve(socket: UdpSocket, shared: Arc<Shared>) {
         let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
             continue;
         };
-        let Ok(query) = Message::from_vec(&buf[..n]) else {
-            continue;
-        };
         // Past the sandbox's rate or lookups at once the query is dropped
-        // unanswered (its resolver retries later), so a flood costs neither
-        // tasks nor host lookups nor audit events in proportion to its size.
+        // unanswered (its resolver retries later), before it is even
+        // parsed, so a flood costs neither tasks nor host lookups nor audit
+        // events in proportion to its size.
         let permit = match shared.dns.enter() {
             Ok(permit) => permit,
             Err(refused) => {
-                let name = query
-                    .queries()
-                    .first()
-                    .map(|q| q.name().to_ascii().trim_end_matches('.').to_owned())
-                    .unwrap_or_default();
-                shared.limited("dns", &name, 53, refused);
+                if refused.report() {
+                    let name = Message::from_vec(&buf[..n])
+                        .ok()
+                        .and_then(|q| q.queries().first().map(|q| q.name().to_ascii()))
+                        .map(|name| name.trim_end_matches('.').to_owned())
+                        .unwrap_or_default();
+                    shared.limited("dns", &name, 53, refused);
+                }
                 continue;
             }
+        };
+        let Ok(query) = Message::from_vec(&buf[..n]) else {
+            continue;
         };
         let socket = Arc::clone(&socket);
         let shared = Arc::clone(&shared);
