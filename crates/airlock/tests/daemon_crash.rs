@@ -10,50 +10,18 @@
 
 mod common;
 
-use common::daemon::{assert_sandbox_gone, supervisors, TestDaemon};
+use common::daemon::{
+    assert_sandbox_gone, serial, supervisors, SupervisorCleanup as Cleanup, TestDaemon,
+};
 use common::{binary, require_root};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 const SANDBOXES: usize = 20;
 const MARKER: &str = "/home/user/crash-marker";
-
-/// Daemon starts sweep host-wide leftovers: one test at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Stops, when dropped, every supervisor still running for the ids it was
-/// given: a test that fails while its daemon is down leaves nothing behind.
-/// Declare it before the daemon, so the daemon's own cleanup goes first.
-#[derive(Default)]
-struct Cleanup(Mutex<Vec<String>>);
-
-impl Cleanup {
-    fn add(&self, id: &str) {
-        self.0.lock().unwrap().push(id.to_owned());
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let ids = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        for id in ids {
-            for pid in supervisors(&id) {
-                // SAFETY: kill(2) of a pid whose command line was just read as
-                // this sandbox's supervisor; SIGTERM makes it tear down.
-                unsafe {
-                    libc::kill(pid as i32, libc::SIGTERM);
-                }
-            }
-        }
-    }
-}
 
 /// What one sandbox had before the crash.
 #[derive(Debug, Clone)]

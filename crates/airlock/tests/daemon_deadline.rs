@@ -15,9 +15,10 @@
 
 mod common;
 
-use common::daemon::{assert_sandbox_gone, supervisors, TestDaemon};
+use common::daemon::{
+    assert_sandbox_gone, serial, supervisors, SupervisorCleanup as Cleanup, TestDaemon,
+};
 use serde_json::{json, Value};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The supervisor's grace after a deadline (airlock_backend's
@@ -26,36 +27,6 @@ const GRACE: Duration = Duration::from_secs(3);
 /// How long past deadline + grace a teardown may take on a loaded machine
 /// before the test calls the sandbox a survivor.
 const SLACK: Duration = Duration::from_secs(25);
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Stops, when dropped, every supervisor still running for the ids it was
-/// given (continued first, in case a test stopped it): a test that fails
-/// while its daemon is down leaves nothing behind. Declare it before the
-/// daemon.
-#[derive(Default)]
-struct Cleanup(Mutex<Vec<String>>);
-
-impl Cleanup {
-    fn add(&self, id: &str) {
-        self.0.lock().unwrap().push(id.to_owned());
-    }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let ids = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        for id in ids {
-            for pid in supervisors(&id) {
-                signal(pid, libc::SIGCONT);
-                signal(pid, libc::SIGTERM);
-            }
-        }
-    }
-}
 
 fn signal(pid: u32, signal: i32) {
     // SAFETY: kill(2) of a pid whose command line was just read as a

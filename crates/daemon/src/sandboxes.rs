@@ -209,20 +209,7 @@ impl Daemon {
                 // The backend released what the launch took.
                 let _ = self.transition(&id, State::Creating, Action::Failed);
                 self.forget_creating(&id);
-                self.inner
-                    .metrics
-                    .deaths
-                    .get_or_create(&crate::metrics::ReasonLabel {
-                        reason: DeadReason::CreateFailed.as_str(),
-                    })
-                    .inc();
-                self.inner.audit.record(
-                    Stream::Runtime,
-                    "sandbox.create_failed",
-                    Some(&id),
-                    Some(request_id),
-                    json!({"error": e.to_string()}),
-                );
+                self.record_create_failed(&id, request_id, &e.to_string());
                 return Err(match e {
                     CreateError::BadInput(message) => DaemonError::BadInput(message),
                     CreateError::Failed(message) => {
@@ -376,25 +363,34 @@ impl Daemon {
                     tracing::error!("recording {} dead after its create failed: {e}", unwind.id);
                 }
                 self.forget_creating(&unwind.id);
-                self.inner
-                    .metrics
-                    .deaths
-                    .get_or_create(&crate::metrics::ReasonLabel {
-                        reason: DeadReason::CreateFailed.as_str(),
-                    })
-                    .inc();
-                self.inner.audit.record(
-                    Stream::Runtime,
-                    "sandbox.create_failed",
-                    Some(&unwind.id),
-                    Some(&unwind.request_id),
-                    json!({"error": "the sandbox started but could not be recorded"}),
+                self.record_create_failed(
+                    &unwind.id,
+                    &unwind.request_id,
+                    "the sandbox started but could not be recorded",
                 );
             }
         }
     }
 
     /// Takes `id` off the set of sandboxes being created.
+    /// Counts a death by `create_failed` and audits it with `error`.
+    fn record_create_failed(&self, id: &str, request_id: &str, error: &str) {
+        self.inner
+            .metrics
+            .deaths
+            .get_or_create(&crate::metrics::ReasonLabel {
+                reason: DeadReason::CreateFailed.as_str(),
+            })
+            .inc();
+        self.inner.audit.record(
+            Stream::Runtime,
+            "sandbox.create_failed",
+            Some(id),
+            Some(request_id),
+            json!({ "error": error }),
+        );
+    }
+
     fn forget_creating(&self, id: &str) {
         self.inner
             .creating

@@ -492,3 +492,40 @@ pub fn assert_sandbox_gone(id: &str) {
     }
     super::assert_no_leftovers(id);
 }
+
+/// Daemon starts sweep host-wide leftovers: one such test at a time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stops, when dropped, every supervisor still running for the ids it was
+/// given (continued first, in case a test stopped it): a test that fails
+/// while its daemon is down leaves nothing behind. Declare it before the
+/// daemon, so the daemon's own cleanup goes first.
+#[derive(Default)]
+pub struct SupervisorCleanup(Mutex<Vec<String>>);
+
+impl SupervisorCleanup {
+    pub fn add(&self, id: &str) {
+        self.0.lock().unwrap().push(id.to_owned());
+    }
+}
+
+impl Drop for SupervisorCleanup {
+    fn drop(&mut self) {
+        let ids = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        for id in ids {
+            for pid in supervisors(&id) {
+                for signal in [libc::SIGCONT, libc::SIGTERM] {
+                    // SAFETY: kill(2) of a pid whose command line was just
+                    // read as this sandbox's supervisor; SIGTERM makes it
+                    // tear down; at worst the call fails.
+                    unsafe {
+                        libc::kill(pid as i32, signal);
+                    }
+                }
+            }
+        }
+    }
+}
