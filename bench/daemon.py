@@ -187,6 +187,37 @@ def cmdline(pid):
         return []
 
 
+def run_and_clean_up(run, cleanup, log_tail, errors, on_stop=lambda: None):
+    """Runs `run()` and always `cleanup()` after it (with SIGINT and SIGTERM
+    held off, since the sandboxes outlive the daemon): an interrupt is
+    status 130, one of `errors` status 1 with the daemon's log tail; the
+    problems `cleanup()` reports are printed. Returns (status, result,
+    problems)."""
+    status, res = 0, None
+    try:
+        res = run()
+    except (KeyboardInterrupt, Interrupted):
+        on_stop()
+        print("interrupted; deleting the sandboxes", file=sys.stderr)
+        status = 130
+    except errors as e:
+        on_stop()
+        print(f"error: {e}", file=sys.stderr)
+        tail = log_tail()
+        if tail:
+            print(f"daemon log (tail):\n{tail}", file=sys.stderr)
+        status = 1
+    finally:
+        def still(signum, frame):
+            print("still deleting the sandboxes; they outlive the daemon", file=sys.stderr)
+        signal.signal(signal.SIGINT, still)
+        signal.signal(signal.SIGTERM, still)
+        problems = cleanup()
+    for problem in problems:
+        print(f"cleanup: {problem}", file=sys.stderr)
+    return status, res, problems
+
+
 def mem_kib(pid):
     """(RSS, PSS or None) of a process, in KiB."""
     rss = pss = None
@@ -852,8 +883,7 @@ def main():
     bench = Bench(args)
     res = {"airlock": args.airlock, "cores": cores,
            "max_concurrent_creates": args.max_concurrent_creates, "load_before": loadavg()}
-    status = 0
-    try:
+    def measure():
         bench.start_daemon()
         if "seq" not in skip:
             res["sequential"] = bench.sequential(args.n)
@@ -866,29 +896,13 @@ def main():
             res["exec_rtt"] = bench.exec_rtt(args.n)
         if "idle" not in skip and args.idle > 0:
             res["idle"] = bench.idle(args.idle, args.settle)
-    except (KeyboardInterrupt, Interrupted):
-        bench.stop.set()
-        print("interrupted; deleting the sandboxes", file=sys.stderr)
-        status = 130
-    except (BenchError, OSError) as e:
-        bench.stop.set()
-        print(f"error: {e}", file=sys.stderr)
-        tail = bench.daemon_log_tail()
-        if tail and bench.port:
-            print(f"daemon log (tail):\n{tail}", file=sys.stderr)
-        status = 1
-    finally:
-        def still(signum, frame):
-            print("still deleting the sandboxes; they outlive the daemon", file=sys.stderr)
-        signal.signal(signal.SIGINT, still)
-        signal.signal(signal.SIGTERM, still)
-        problems = bench.cleanup()
-    for problem in problems:
-        print(f"cleanup: {problem}", file=sys.stderr)
-    if problems:
-        status = status or 1
-    if status:
-        return status
+
+    status, _, problems = run_and_clean_up(
+        measure, bench.cleanup,
+        log_tail=lambda: bench.daemon_log_tail() if bench.port else "",
+        errors=(BenchError, OSError), on_stop=bench.stop.set)
+    if status or problems:
+        return status or 1
 
     if "bwrap" not in skip:
         try:

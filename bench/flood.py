@@ -58,7 +58,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import (  # noqa: E402 (the same HTTP client and statistics as bench/daemon.py)
     ApiError, BenchError, Client, Interrupted, cmdline, default_airlock, loadavg, mem_kib,
-    summary, verdict)
+    run_and_clean_up, summary, verdict)
 
 TARGET_RATIO = 2.0
 TARGET_AUDIT_BPS = 10_000
@@ -856,30 +856,11 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
 
     bench = Bench(args)
-    status, res = 0, None
-    try:
-        res = bench.run()
-    except (KeyboardInterrupt, Interrupted):
-        print("interrupted; deleting the sandboxes", file=sys.stderr)
-        status = 130
-    except (BenchError, ApiError, OSError, subprocess.TimeoutExpired) as e:
-        print(f"error: {e}", file=sys.stderr)
-        tail = bench.daemon.log_tail()
-        if tail:
-            print(f"daemon log (tail):\n{tail}", file=sys.stderr)
-        status = 1
-    finally:
-        def still(signum, frame):
-            print("still deleting the sandboxes; they outlive the daemon", file=sys.stderr)
-        signal.signal(signal.SIGINT, still)
-        signal.signal(signal.SIGTERM, still)
-        problems = bench.cleanup()
-    for problem in problems:
-        print(f"cleanup: {problem}", file=sys.stderr)
-    if problems:
-        status = status or 1
-    if status:
-        return status
+    status, res, problems = run_and_clean_up(
+        bench.run, bench.cleanup, log_tail=bench.daemon.log_tail,
+        errors=(BenchError, ApiError, OSError, subprocess.TimeoutExpired))
+    if status or problems:
+        return status or 1
     res["verdicts"] = verdicts(res)
     failed = any(ph["errors"] for ph in res["phases"])
     if args.json:

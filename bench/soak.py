@@ -41,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from daemon import BenchError, Client, Interrupted, default_airlock, mem_kib, verdict  # noqa: E402
+from daemon import BenchError, Client, Interrupted, default_airlock, mem_kib, run_and_clean_up, verdict  # noqa: E402
 from flood import Daemon, cgroup_roots, egress_worker  # noqa: E402 (the same private daemon)
 
 ALLOW = {"mode": "allow", "rules": ["site.test"]}
@@ -293,26 +293,9 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
 
     soak = Soak(args)
-    status, res = 0, None
-    try:
-        res = soak.run()
-    except (KeyboardInterrupt, Interrupted):
-        print("interrupted; deleting the sandboxes", file=sys.stderr)
-        status = 130
-    except (BenchError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        tail = soak.daemon.log_tail()
-        if tail:
-            print(f"daemon log (tail):\n{tail}", file=sys.stderr)
-        status = 1
-    finally:
-        def still(signum, frame):
-            print("still deleting the sandboxes; they outlive the daemon", file=sys.stderr)
-        signal.signal(signal.SIGINT, still)
-        signal.signal(signal.SIGTERM, still)
-        problems = soak.daemon.cleanup()
-    for problem in problems:
-        print(f"cleanup: {problem}", file=sys.stderr)
+    status, res, problems = run_and_clean_up(
+        soak.run, soak.daemon.cleanup, log_tail=soak.daemon.log_tail,
+        errors=(BenchError, OSError))
     if status:
         return status
     res["verdicts"] = verdicts(res)
