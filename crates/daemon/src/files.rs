@@ -398,6 +398,19 @@ impl Daemon {
         }
     }
 
+    /// [`Daemon::list_dir`] sorted by path: the whole listing an agent of
+    /// protocol version 1 can give.
+    async fn list_dir_sorted(
+        &self,
+        id: &str,
+        path: &str,
+        depth: u32,
+    ) -> Result<Vec<FileInfo>, DaemonError> {
+        let mut entries = self.list_dir(id, path, depth).await?;
+        entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        Ok(entries)
+    }
+
     /// One page of the entries under `path`, `depth` levels down (1 =
     /// children), sorted by path: at most `limit` entries (fewer when their
     /// metadata would not fit one agent frame) after `cursor`, the
@@ -434,10 +447,8 @@ impl Daemon {
             if cursor.is_some() {
                 return Err(DaemonError::BadInput("the cursor is not valid".into()));
             }
-            let mut entries = self.list_dir(id, path, depth).await?;
-            entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
             return Ok(DirPage {
-                entries,
+                entries: self.list_dir_sorted(id, path, depth).await?,
                 next_cursor: None,
             });
         }
@@ -485,9 +496,7 @@ impl Daemon {
         };
         let sandbox = self.running(id)?;
         if sandbox.agent().version() < LISTING_PROTOCOL {
-            let mut entries = self.list_dir(id, path, depth).await?;
-            entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-            return Ok(entries);
+            return self.list_dir_sorted(id, path, depth).await;
         }
         let mut events = sandbox
             .agent()
