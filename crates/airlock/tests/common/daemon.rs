@@ -500,9 +500,12 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// Stops, when dropped, every supervisor still running for the ids it was
-/// given (continued first, in case a test stopped it): a test that fails
-/// while its daemon is down leaves nothing behind. Declare it before the
-/// daemon, so the daemon's own cleanup goes first.
+/// given (continued first, in case a test stopped it), then removes what
+/// their supervisors leave for a daemon that will not come back (the
+/// `<id>.ended` files, and a sockets directory left empty): a test that
+/// kills its daemon for good, or fails while it is down, leaves nothing
+/// behind. Declare it before the daemon, so the daemon's own cleanup goes
+/// first.
 #[derive(Default)]
 pub struct SupervisorCleanup(Mutex<Vec<String>>);
 
@@ -524,6 +527,17 @@ impl Drop for SupervisorCleanup {
                     unsafe {
                         libc::kill(pid as i32, signal);
                     }
+                }
+            }
+            TestDaemon::wait_for(Duration::from_secs(10), || supervisors(&id).is_empty());
+            let Ok(dirs) = std::fs::read_dir("/run/airlock/sockets") else {
+                continue;
+            };
+            for dir in dirs.flatten() {
+                let ended = dir.path().join(format!("{id}.ended"));
+                if std::fs::remove_file(&ended).is_ok() {
+                    // Only if nothing else is in it.
+                    let _ = std::fs::remove_dir(dir.path());
                 }
             }
         }
