@@ -454,14 +454,11 @@ fn write_batch(files: &mut [StreamFile; 3], store: &SharedStore, events: &[NewEv
         }
     }
     let store = store.lock().unwrap_or_else(|p| p.into_inner());
-    for event in events {
-        // Events about no sandbox (e.g. a rejected API call) live only in
-        // the files; the table is the per-sandbox query.
-        if event.sandbox_id.is_some() {
-            if let Err(e) = store.append_event(event) {
-                tracing::error!("cannot store an audit event: {e}");
-            }
-        }
+    // Events about no sandbox (e.g. a rejected API call) live only in the
+    // files; the table is the per-sandbox query.
+    let about_sandboxes = events.iter().filter(|e| e.sandbox_id.is_some());
+    if let Err(e) = store.append_events(about_sandboxes) {
+        tracing::error!("cannot store {} audit events: {e}", events.len());
     }
 }
 

@@ -193,7 +193,7 @@ impl Daemon {
                     "exec.exited",
                     Some(id),
                     Some(request_id),
-                    json!(exit),
+                    exit_detail(&exit),
                 );
                 if exit.oom {
                     self.inner.metrics.oom_kills.inc();
@@ -329,5 +329,32 @@ impl Daemon {
     pub async fn signal(&self, id: &str, pid: u32, signal: i32) -> Result<(), DaemonError> {
         self.done(id, Request::Signal { pid, signal }, Vec::new())
             .await
+    }
+}
+
+/// The detail of an `exec.exited` event: the exit as the API answers it,
+/// less its false flags and absent fields (`"oom":false` and the like), so
+/// the event a client's every exec writes is as small as it can be.
+fn exit_detail(exit: &impl serde::Serialize) -> serde_json::Value {
+    let mut detail = json!(exit);
+    if let Some(fields) = detail.as_object_mut() {
+        fields.retain(|_, value| !(value.is_null() || *value == serde_json::Value::Bool(false)));
+    }
+    detail
+}
+
+#[cfg(test)]
+mod exit_detail_tests {
+    use super::exit_detail;
+    use serde_json::json;
+
+    #[test]
+    fn only_set_flags_and_present_fields_are_kept() {
+        let exit = json!({"pid": 2, "exit_code": 0, "signal": null, "oom": false,
+                          "timed_out": true, "duration_ms": 3, "stdout_truncated": false});
+        assert_eq!(
+            exit_detail(&exit),
+            json!({"pid": 2, "exit_code": 0, "timed_out": true, "duration_ms": 3})
+        );
     }
 }

@@ -23,6 +23,9 @@
 //!   (which reads its original destination with `SO_ORIGINAL_DST`), every
 //!   UDP datagram to port 53 to the resolver, and anything else that would
 //!   leave through `e0` — other UDP, ICMP, raw packets — is dropped.
+//!   Queries to the resolver and new connections to the proxy past a
+//!   kernel rate (the `flood` chain of [`RULES`]) are dropped before they wake the egress
+//!   path at all.
 //!
 //! The setup runs `ip -batch` and `nft -f` (iproute2 and nftables) once
 //! per sandbox, after `unshare(CLONE_NEWNET)` in the launcher.
@@ -56,6 +59,18 @@ route add ::/0 dev e0
 /// leave. Packets to the namespace's own addresses go through `lo` and are
 /// untouched (servers inside the sandbox keep working for its own
 /// clients).
+///
+/// The `flood` chain caps floods in the kernel. The daemon's own limits
+/// (`airlock_egress::EgressLimits`: 100 queries and 200 connections a
+/// second by default) decide what is answered and report a limited
+/// sandbox; the chain sits ten times above them, so the daemon still sees,
+/// and reports, any flood, but a sandbox sending 30,000 queries a second
+/// costs the egress worker only the first thousand: the rest are dropped
+/// in the sender's own system call (which fails with `EPERM`), on the
+/// sender's CPU time. The output hook sees the redirected destination (the
+/// NAT chain runs first), so a query to `127.0.0.1:53` and one sent
+/// anywhere else are counted together, as are connections to any outside
+/// address.
 pub const RULES: &str = "\
 table inet airlock {
   chain to_proxy {
@@ -67,6 +82,11 @@ table inet airlock {
   chain out_filter {
     type filter hook postrouting priority 0; policy drop;
     oifname \"lo\" accept
+  }
+  chain flood {
+    type filter hook output priority 0; policy accept;
+    udp dport 53 limit rate over 1000/second burst 2000 packets drop
+    tcp dport 15001 tcp flags & (syn | ack) == syn limit rate over 2000/second burst 4000 packets drop
   }
 }
 ";
@@ -209,5 +229,7 @@ mod tests {
         assert!(RULES.contains(&format!("redirect to :{PROXY_PORT}")));
         assert!(RULES.contains(&format!("udp dport 53 redirect to :{DNS_PORT}")));
         assert!(RULES.contains("policy drop"));
+        assert!(RULES.contains(&format!("udp dport {DNS_PORT} limit rate over")));
+        assert!(RULES.contains(&format!("tcp dport {PROXY_PORT} tcp flags")));
     }
 }

@@ -38,6 +38,23 @@ impl Store {
         )?)
     }
 
+    /// Appends events in one transaction (one commit, so a batch costs one
+    /// write of the pages it touches, not one per event) and returns how
+    /// many were appended. All or none: on an error nothing is appended.
+    pub fn append_events<'a>(
+        &self,
+        events: impl IntoIterator<Item = &'a NewEvent>,
+    ) -> Result<usize, StoreError> {
+        let transaction = self.conn.unchecked_transaction()?;
+        let mut appended = 0;
+        for event in events {
+            self.append_event(event)?;
+            appended += 1;
+        }
+        transaction.commit()?;
+        Ok(appended)
+    }
+
     /// Removes the events older than `before_ms` and, past `max_rows`, the
     /// oldest of the rest; returns how many went.
     pub fn prune_events(&self, before_ms: i64, max_rows: u64) -> Result<usize, StoreError> {

@@ -901,6 +901,30 @@ fn plaintext_secrets_never_reach_the_database_files() {
 // ---------------------------------------------------------------- events
 
 #[test]
+fn a_batch_of_events_is_appended_whole_and_in_order() {
+    let store = Store::open_in_memory().unwrap();
+    let batch: Vec<NewEvent> = (0..5)
+        .map(|i| NewEvent {
+            sandbox_id: Some("sbx-1".into()),
+            request_id: None,
+            stream: Stream::Runtime,
+            kind: format!("k{i}"),
+            at: 1_700_000_000_000 + i,
+            detail: json!({ "i": i }),
+        })
+        .collect();
+    assert_eq!(store.append_events(&batch).unwrap(), 5);
+    assert_eq!(store.append_events(&[]).unwrap(), 0);
+    let kinds: Vec<String> = store
+        .events_for_sandbox("sbx-1", 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(kinds, ["k0", "k1", "k2", "k3", "k4"]);
+}
+
+#[test]
 fn events_come_back_in_order_and_page_by_seq() {
     let store = Store::open_in_memory().unwrap();
     let event = |sandbox: Option<&str>, kind: &str, stream: Stream| NewEvent {
