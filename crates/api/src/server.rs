@@ -43,7 +43,7 @@ use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
 /// What the server allows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
     /// Connections open at once, in all.
     pub max_connections: usize,
@@ -55,6 +55,10 @@ pub struct ServerLimits {
     pub write_stall: Duration,
     /// Time in-flight requests get to finish on shutdown.
     pub shutdown_grace: Duration,
+    /// Run (on a blocking thread) once a burst of connections is over: the
+    /// binary gives the memory the allocator kept for them back to the
+    /// system. (This crate has no `unsafe`, and that is a libc call.)
+    pub after_burst: fn(),
 }
 
 impl Default for ServerLimits {
@@ -65,6 +69,7 @@ impl Default for ServerLimits {
             header_timeout: Duration::from_secs(30),
             write_stall: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            after_burst: || {},
         }
     }
 }
@@ -163,6 +168,8 @@ struct Table {
     open: BTreeMap<u64, Arc<Connection>>,
     per_peer: HashMap<IpAddr, usize>,
     next: u64,
+    /// Most connections open at once since memory was last given back.
+    peak: usize,
 }
 
 impl Table {
@@ -235,6 +242,7 @@ impl Connections {
         table.next += 1;
         let id = table.next;
         table.open.insert(id, Arc::clone(&connection));
+        table.peak = table.peak.max(table.open.len());
         *table.per_peer.entry(peer).or_default() += 1;
         daemon
             .metrics()
@@ -250,7 +258,22 @@ impl Connections {
             .metrics()
             .http_connections
             .set(table.open.len() as i64);
+        if burst_is_over(table.peak, table.open.len()) {
+            table.peak = table.open.len();
+            drop(table);
+            tokio::task::spawn_blocking(self.limits.after_burst);
+        }
     }
+}
+
+/// Connections open at once past which a burst is worth giving memory
+/// back after.
+const BURST: usize = 1_000;
+
+/// Whether a burst of connections (at least [`BURST`] open at once) is
+/// over: a tenth of its peak is left.
+fn burst_is_over(peak: usize, open: usize) -> bool {
+    peak >= BURST && open <= peak / 10
 }
 
 /// What a connection turned away is told before it is closed.
@@ -682,6 +705,14 @@ mod tests {
         assert_eq!(busy.victim(None), Some(2), "a stranger's request in flight");
         let serving = self::table(vec![connection([10, 0, 0, 1], 1, true)]);
         assert_eq!(serving.victim(None), None, "an authenticated request stays");
+    }
+
+    #[test]
+    fn memory_is_given_back_once_a_burst_is_over() {
+        assert!(!burst_is_over(999, 0), "not a burst");
+        assert!(!burst_is_over(20_000, 2_001), "still going");
+        assert!(burst_is_over(20_000, 2_000));
+        assert!(burst_is_over(1_000, 0));
     }
 
     #[test]
