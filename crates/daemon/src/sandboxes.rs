@@ -15,11 +15,26 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot::error::TryRecvError;
 
 /// How often the reaper looks for expired sandboxes.
 const REAPER_TICK: Duration = Duration::from_millis(100);
 /// How long a stop of a sandbox still being created waits for it.
 const CREATING_WAIT: Duration = Duration::from_secs(30);
+
+/// What [`Daemon::launch`] is given by the admitted create it finishes.
+struct Launching {
+    owner: KeyRow,
+    template_name: String,
+    tier: String,
+    spec: SandboxSpec,
+    permit: CreatePermit,
+    started: Instant,
+    access_token: String,
+    request_id: String,
+    /// Closed when the create's requester went away.
+    requester_gone: tokio::sync::oneshot::Receiver<()>,
+}
 
 /// What a new sandbox is.
 #[derive(Debug, Clone)]
@@ -202,6 +217,54 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone());
+        // The launch runs in a task of its own: a client that goes away
+        // (its request future dropped) must not cancel a backend half-way
+        // through starting a sandbox, which would leave what it started
+        // running and recorded as creating. The task sees the requester is
+        // gone once the sandbox is up, and tears it down.
+        let (requester, requester_gone) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn({
+            let daemon = self.clone();
+            let owner = owner.clone();
+            let request_id = request_id.to_owned();
+            let started_at = Launching {
+                owner,
+                template_name: request.template_name,
+                tier,
+                spec,
+                permit,
+                started,
+                access_token,
+                request_id,
+                requester_gone,
+            };
+            async move { daemon.launch(id, started_at).await }
+        });
+        let created = task.await;
+        drop(requester);
+        created.unwrap_or_else(|e| {
+            Err(DaemonError::Internal(format!(
+                "the create task ended without an answer: {e}"
+            )))
+        })
+    }
+
+    /// The part of a create from the backend's launch on (see
+    /// [`Daemon::create`], which runs it as a task of its own).
+    async fn launch(&self, id: String, launching: Launching) -> Result<Created, DaemonError> {
+        let Launching {
+            owner,
+            template_name,
+            tier,
+            spec,
+            permit,
+            started,
+            access_token,
+            request_id,
+            mut requester_gone,
+        } = launching;
+        let owner = &owner;
+        let request_id = request_id.as_str();
         let created = self.inner.backend.create(&id, &spec).await;
         let instance = match created {
             Ok(instance) => instance,
@@ -227,7 +290,7 @@ impl Daemon {
             .hand_out(
                 &mut launch,
                 owner,
-                &request.template_name,
+                &template_name,
                 &tier,
                 spec,
                 instance,
@@ -235,6 +298,17 @@ impl Daemon {
             )
             .await
         {
+            Ok(_)
+                if requester_gone
+                    .try_recv()
+                    .is_err_and(|e| e == TryRecvError::Closed) =>
+            {
+                // Nobody is waiting for it: it would run unknown to anyone
+                // until its timeout.
+                launch.set_reason(DeadReason::CreateFailed);
+                launch.abandon().await;
+                Err(DaemonError::NotRunning(id))
+            }
             Ok(row) => {
                 launch.commit();
                 Ok(Created { row, access_token })
@@ -271,6 +345,13 @@ impl Daemon {
             s.set_resources(&id, resources_json.as_deref())
                 .and_then(|()| s.set_supervisor(&id, supervisor))
         })?;
+        // A timeout set while it was starting is handed on now (see
+        // `set_timeout`): the backend was started with the spec's.
+        if let Some(row) = self.with_store(|s| s.get_sandbox(&id))? {
+            if row.expires_at != row.created_at.saturating_add(spec.timeout_ms as i64) {
+                self.hand_deadline(&row, row.expires_at)?;
+            }
+        }
         let (sandbox, ended) = LiveSandbox::new(
             id.clone(),
             owner.id.clone(),
@@ -799,15 +880,23 @@ impl Daemon {
         let expires_at = now_ms().saturating_add(timeout.as_millis() as i64);
         // The supervisor learns the deadline first: if the store write
         // fails after it, the sandbox lives no shorter than its record says.
-        self.hand_deadline(&row, expires_at)?;
+        let handed = self.hand_deadline(&row, expires_at)?;
         self.with_store(|s| s.set_expiry(id, expires_at))?;
-        self.get(key, id)
+        let row = self.get(key, id)?;
+        if !handed {
+            // It was still starting. Either the create records its
+            // resources before reading this expiry (then they are in `row`
+            // now) or it reads the expiry written above and hands it on.
+            self.hand_deadline(&row, expires_at)?;
+        }
+        Ok(row)
     }
 
     /// Hands the deadline `at_ms` of the sandbox recorded in `row` to its
-    /// owner, which enforces it even without a daemon (a sandbox that
-    /// records no resources yet is still starting, with the spec's timeout).
-    pub(crate) fn hand_deadline(&self, row: &SandboxRow, at_ms: i64) -> Result<(), DaemonError> {
+    /// owner, which enforces it even without a daemon. A sandbox that
+    /// records no resources yet is still starting, with the spec's timeout:
+    /// then nothing is handed and the answer is `false`.
+    pub(crate) fn hand_deadline(&self, row: &SandboxRow, at_ms: i64) -> Result<bool, DaemonError> {
         let resources = match self.live_sandbox(&row.id) {
             Some(sandbox) => Some(sandbox.resources.clone()),
             None => row
@@ -816,12 +905,13 @@ impl Daemon {
                 .and_then(|j| serde_json::from_str::<Resources>(j).ok()),
         };
         let Some(resources) = resources else {
-            return Ok(());
+            return Ok(false);
         };
         self.inner
             .backend
             .set_deadline(&row.id, &resources, at_ms)
-            .map_err(|e| DaemonError::Internal(format!("{e}: {}", e.source)))
+            .map_err(|e| DaemonError::Internal(format!("{e}: {}", e.source)))?;
+        Ok(true)
     }
 
     /// The network policy in force in `id`.

@@ -1,7 +1,8 @@
 //! Create is atomic with respect to the store: when the write after the
 //! backend started a sandbox fails, the sandbox is destroyed, recorded dead,
 //! and its admission permit comes back, so the next create under a cap of
-//! one live sandbox succeeds.
+//! one live sandbox succeeds. The same holds for a create whose requester
+//! goes away while the backend is still starting the sandbox.
 //!
 //! The store failure is real: the test backend's `create` takes an
 //! exclusive lock on the daemon's SQLite file through a second connection
@@ -57,6 +58,30 @@ struct LockingTier {
     /// The connection holding the lock, while it is held.
     holder: Mutex<Option<rusqlite::Connection>>,
     ends: Mutex<Vec<(String, watch::Sender<Option<Ending>>)>>,
+    /// When set, a create starts its sandbox (it counts as running from
+    /// then on, as a launched supervisor does) and waits for a permit here
+    /// before it answers.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Sandboxes started and not destroyed.
+    running: Mutex<HashSet<String>>,
+    /// Deadlines handed to sandboxes.
+    deadlines: Mutex<Vec<(String, i64)>>,
+}
+
+impl LockingTier {
+    fn new(db: PathBuf, lock_creates: usize, gate: Option<Arc<tokio::sync::Semaphore>>) -> Self {
+        LockingTier {
+            db,
+            lock_creates,
+            creates: AtomicUsize::new(0),
+            destroyed: Mutex::default(),
+            holder: Mutex::default(),
+            ends: Mutex::default(),
+            gate,
+            running: Mutex::default(),
+            deadlines: Mutex::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -77,6 +102,10 @@ impl Backend for LockingTier {
             let conn = rusqlite::Connection::open(&self.db).unwrap();
             conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
             *self.holder.lock().unwrap() = Some(conn);
+        }
+        self.running.lock().unwrap().insert(id.to_owned());
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
         }
         let (host, agent) = tokio::net::UnixStream::pair().unwrap();
         tokio::spawn(greeting_agent(agent));
@@ -100,6 +129,7 @@ impl Backend for LockingTier {
     }
     async fn destroy(&self, id: &str, _: Option<&Resources>) -> Result<(), DestroyError> {
         self.destroyed.lock().unwrap().push(id.to_owned());
+        self.running.lock().unwrap().remove(id);
         if let Some(conn) = self.holder.lock().unwrap().take() {
             conn.execute_batch("ROLLBACK").unwrap();
         }
@@ -112,10 +142,11 @@ impl Backend for LockingTier {
     }
     fn set_deadline(
         &self,
-        _: &str,
+        id: &str,
         _: &Resources,
-        _: i64,
+        at_ms: i64,
     ) -> Result<(), airlock_backend::DeadlineError> {
+        self.deadlines.lock().unwrap().push((id.to_owned(), at_ms));
         Ok(())
     }
     fn usage(&self, _: &str) -> Option<Usage> {
@@ -144,14 +175,7 @@ async fn a_store_failure_after_the_backend_started_a_sandbox_destroys_it_and_fre
     let store = Store::open(&db).unwrap();
     let (key, _) = store.create_key("admin", true).unwrap();
     let store = Arc::new(Mutex::new(store));
-    let tier = Arc::new(LockingTier {
-        db,
-        lock_creates: 1,
-        creates: AtomicUsize::new(0),
-        destroyed: Mutex::default(),
-        holder: Mutex::default(),
-        ends: Mutex::default(),
-    });
+    let tier = Arc::new(LockingTier::new(db, 1, None));
     let mut config = Config::new(dir.path().to_owned());
     config.admission = AdmissionLimits {
         max_live_total: 1,
@@ -195,4 +219,108 @@ async fn a_store_failure_after_the_backend_started_a_sandbox_destroys_it_and_fre
         .unwrap_or_else(|e| panic!("the next create under max_live 1: {e}"));
     assert_eq!(created.row.state.as_str(), "running");
     assert_eq!(daemon.running_ids(), std::slice::from_ref(&created.row.id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_requester_goes_away_mid_launch_is_torn_down_and_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let store = Store::open(&db).unwrap();
+    let (key, _) = store.create_key("admin", true).unwrap();
+    let store = Arc::new(Mutex::new(store));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let tier = Arc::new(LockingTier::new(db, 0, Some(Arc::clone(&gate))));
+    let mut config = Config::new(dir.path().to_owned());
+    config.admission = AdmissionLimits {
+        max_live_total: 1,
+        ..AdmissionLimits::default()
+    };
+    let daemon = Daemon::new(config, Arc::clone(&store), tier.clone()).unwrap();
+
+    // The requester goes away (its future is dropped, as a handler's is
+    // when its client disconnects) while the backend is starting the sandbox.
+    let requester = tokio::spawn({
+        let daemon = daemon.clone();
+        let key = key.clone();
+        async move {
+            daemon
+                .create(&key, request(), "req-1")
+                .await
+                .map(|c| c.row.id)
+        }
+    });
+    let first = "sbx-0000000000000001";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !tier.running.lock().unwrap().contains(first) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the create never reached the backend"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    requester.abort();
+    assert!(requester.await.unwrap_err().is_cancelled());
+    // The backend finishes starting it; nobody is waiting for it.
+    gate.add_permits(1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !tier.running.lock().unwrap().is_empty() || !daemon.running_ids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned sandbox still runs: backend {:?}, daemon {:?}",
+            tier.running.lock().unwrap(),
+            daemon.running_ids()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !store.lock().unwrap().live_sandboxes().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "its row stays live");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+
+    // The permit came back: a cap of one live sandbox admits the next.
+    gate.add_permits(1);
+    let created = daemon
+        .create(&key, request(), "req-2")
+        .await
+        .unwrap_or_else(|e| panic!("the next create under max_live 1: {e}"));
+    assert_eq!(created.row.state.as_str(), "running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_set_while_the_sandbox_starts_reaches_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let store = Store::open(&db).unwrap();
+    let (key, _) = store.create_key("admin", true).unwrap();
+    let store = Arc::new(Mutex::new(store));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let tier = Arc::new(LockingTier::new(db, 0, Some(Arc::clone(&gate))));
+    let daemon = Daemon::new(Config::new(dir.path().to_owned()), store, tier.clone()).unwrap();
+
+    let creating = tokio::spawn({
+        let daemon = daemon.clone();
+        let key = key.clone();
+        async move { daemon.create(&key, request(), "req-1").await.map(|c| c.row) }
+    });
+    let id = "sbx-0000000000000001";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !tier.running.lock().unwrap().contains(id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the create never reached the backend"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let extended = daemon
+        .set_timeout(&key, id, std::time::Duration::from_secs(3_000))
+        .unwrap();
+    gate.add_permits(1);
+    let row = creating.await.unwrap().unwrap();
+    assert_eq!(row.expires_at, extended.expires_at);
+    assert_eq!(
+        *tier.deadlines.lock().unwrap(),
+        [(id.to_owned(), extended.expires_at)],
+        "the backend did not learn the timeout set while it started the sandbox"
+    );
 }
