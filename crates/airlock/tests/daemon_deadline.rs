@@ -176,7 +176,20 @@ fn a_supervisor_that_does_not_answer_at_the_daemon_start_is_adopted_once_it_does
     // times out.
     daemon.restart();
     let v = view(&daemon, &id);
+    // Meanwhile it is running but not reachable: a call says so, and when
+    // to try again, rather than that it is not running.
+    let waiting = daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": "/bin/true"})),
+    );
     signal(supervisor, libc::SIGCONT);
+    assert_eq!(
+        (waiting.status, waiting.json()["code"].clone()),
+        (503, json!("sandbox_reconnecting")),
+        "{}",
+        waiting.text()
+    );
     assert_eq!(
         v["state"],
         "running",

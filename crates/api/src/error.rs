@@ -112,6 +112,12 @@ impl From<DaemonError> for ApiError {
                     retry_after: Some(rejected.retry_after_secs()),
                 }
             }
+            DaemonError::Reconnecting(_) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "sandbox_reconnecting",
+                message,
+                retry_after: Some(1),
+            },
             DaemonError::Unavailable(detail) => {
                 tracing::warn!("unavailable: {detail}");
                 ApiError {

@@ -161,6 +161,10 @@ pub enum DaemonError {
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
+    /// The sandbox runs, but the daemon (restarted) has not reconnected to
+    /// it yet: its adoption is being retried (503 with Retry-After).
+    #[error("sandbox {0} is being reconnected after a daemon restart; try again")]
+    Reconnecting(String),
     /// The state database is unavailable for now (busy, locked, its disk
     /// failing) (503 with Retry-After); the message goes to the log only.
     #[error("{0}")]
@@ -473,6 +477,17 @@ impl Daemon {
             Some(sandbox) if sandbox.state() == State::Running => Ok(sandbox),
             Some(_) => Err(DaemonError::NotRunning(id.to_owned())),
             None => match self.with_store(|s| s.get_sandbox(id))? {
+                Some(row)
+                    if !crate::sandboxes::state_of(&row).is_dead()
+                        && self.adopting(id).is_some() =>
+                {
+                    // Someone wants it: try now rather than at the next
+                    // backoff.
+                    if let Some(adopting) = self.adopting(id) {
+                        adopting.notify_one();
+                    }
+                    Err(DaemonError::Reconnecting(id.to_owned()))
+                }
                 Some(_) => Err(DaemonError::NotRunning(id.to_owned())),
                 None => Err(not_found(id)),
             },
