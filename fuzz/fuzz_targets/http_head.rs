@@ -1,10 +1,13 @@
 //! The egress proxy's HTTP request head reader: the transparent Host sniff
 //! and the explicit proxy's request line (CONNECT, absolute form), then
-//! what a CONNECT tunnel carries first (a ClientHello), and the rewrite
-//! that lets a server answer one request only.
+//! what a CONNECT tunnel carries first (a ClientHello), the rewrite that
+//! lets a server answer one request only, and the rewrite of an
+//! absolute-form target to origin form.
 #![no_main]
 
-use airlock_egress_parse::{http_host, one_request_only, tls_sni, Sniffed, MAX_SNIFF_BYTES};
+use airlock_egress_parse::{
+    http_host, one_request_only, origin_form, tls_sni, Sniffed, MAX_SNIFF_BYTES,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn head_end(bytes: &[u8]) -> Option<usize> {
@@ -14,7 +17,27 @@ fn head_end(bytes: &[u8]) -> Option<usize> {
         .map(|at| at + 4)
 }
 
+fn line_end(bytes: &[u8]) -> Option<usize> {
+    bytes.windows(2).position(|w| w == b"\r\n")
+}
+
+/// Only the request line changes, and a changed target starts with `/`.
+fn check_origin_form(request: &[u8]) {
+    let origin = origin_form(request.to_vec());
+    if origin == request {
+        return;
+    }
+    let (Some(was), Some(is)) = (line_end(request), line_end(&origin)) else {
+        panic!("a request with no line end was changed");
+    };
+    assert_eq!(&origin[is..], &request[was..], "more than the line changed");
+    let target = origin[..is].split(|&b| b == b' ').nth(1).expect("a target");
+    assert!(target.starts_with(b"/"), "target {target:?}");
+    assert_eq!(origin_form(origin.clone()), origin, "not idempotent");
+}
+
 fuzz_target!(|data: &[u8]| {
+    check_origin_form(data);
     let verdict = http_host(data);
     match &verdict {
         Sniffed::Name { host, port } => {
@@ -58,4 +81,6 @@ fuzz_target!(|data: &[u8]| {
         }
         assert_eq!(one_request_only(changed.clone()), changed, "not idempotent");
     }
+    // What the explicit proxy passes on.
+    check_origin_form(&changed);
 });

@@ -393,6 +393,41 @@ fn parse_port(digits: &[u8]) -> Option<u16> {
     u16::try_from(value).ok().filter(|p| *p != 0)
 }
 
+/// The request with its absolute-form target (`GET http://host/path`)
+/// rewritten to origin form (`GET /path`), as a proxy passes a request on
+/// to the origin server (RFC 9112, 3.2.1; many servers answer 404
+/// otherwise). The `Host` header, already checked to agree, stays.
+pub fn origin_form(mut request: Vec<u8>) -> Vec<u8> {
+    let Some(line_end) = request.windows(2).position(|w| w == b"\r\n") else {
+        return request;
+    };
+    let line = &request[..line_end];
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return request;
+    };
+    let Some(rest) = target
+        .strip_prefix(b"http://")
+        .or_else(|| target.strip_prefix(b"HTTP://"))
+    else {
+        return request;
+    };
+    let path: &[u8] = match rest.iter().position(|&b| b == b'/' || b == b'?') {
+        Some(at) if rest[at] == b'/' => &rest[at..],
+        Some(at) => &[b"/".as_slice(), &rest[at..]].concat(),
+        None => b"/",
+    };
+    let mut rewritten = Vec::with_capacity(request.len());
+    rewritten.extend_from_slice(method);
+    rewritten.push(b' ');
+    rewritten.extend_from_slice(path);
+    rewritten.push(b' ');
+    rewritten.extend_from_slice(version);
+    rewritten.extend_from_slice(&request.split_off(line_end));
+    rewritten
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -647,6 +682,32 @@ mod tests {
             }
             let cut = rng.below(mutated.len() + 1);
             http_host(&mutated[..cut]);
+        }
+    }
+
+    #[test]
+    fn absolute_form_requests_reach_the_origin_in_origin_form() {
+        let cases: [(&[u8], &[u8]); 5] = [
+            (
+                b"GET http://site.test:8000/a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
+                b"GET /a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
+            ),
+            (
+                b"GET http://site.test HTTP/1.1\r\n\r\n",
+                b"GET / HTTP/1.1\r\n\r\n",
+            ),
+            (
+                b"GET http://site.test?q HTTP/1.1\r\n\r\n",
+                b"GET /?q HTTP/1.1\r\n\r\n",
+            ),
+            (
+                b"GET /already HTTP/1.1\r\n\r\n",
+                b"GET /already HTTP/1.1\r\n\r\n",
+            ),
+            (b"garbage", b"garbage"),
+        ];
+        for (given, wanted) in cases {
+            assert_eq!(origin_form(given.to_vec()), wanted.to_vec());
         }
     }
 }

@@ -42,7 +42,7 @@
 mod http;
 mod tls;
 
-pub use http::{http_host, one_request_only};
+pub use http::{http_host, one_request_only, origin_form};
 pub use tls::tls_sni;
 
 /// The most bytes either parser looks at. A ClientHello or request head

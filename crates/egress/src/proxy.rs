@@ -1,7 +1,9 @@
 //! The transparent TCP proxy (see the crate doc for the decision order).
 
 use crate::{EgressEvent, Shared};
-use airlock_egress_parse::{http_host, one_request_only, tls_sni, Sniffed, MAX_SNIFF_BYTES};
+use airlock_egress_parse::{
+    http_host, one_request_only, origin_form, tls_sni, Sniffed, MAX_SNIFF_BYTES,
+};
 use airlock_policy::{canonical_host, Decision, Destination, Host};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -188,41 +190,6 @@ async fn explicit(mut inside: TcpStream, shared: &Shared) {
         }
     }
     splice(inside, upstream, rest).await;
-}
-
-/// The request with its absolute-form target (`GET http://host/path`)
-/// rewritten to origin form (`GET /path`), as a proxy passes a request on
-/// to the origin server (RFC 9112, 3.2.1; many servers answer 404
-/// otherwise). The `Host` header, already checked to agree, stays.
-fn origin_form(mut request: Vec<u8>) -> Vec<u8> {
-    let Some(line_end) = request.windows(2).position(|w| w == b"\r\n") else {
-        return request;
-    };
-    let line = &request[..line_end];
-    let mut parts = line.splitn(3, |&b| b == b' ');
-    let (Some(method), Some(target), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return request;
-    };
-    let Some(rest) = target
-        .strip_prefix(b"http://")
-        .or_else(|| target.strip_prefix(b"HTTP://"))
-    else {
-        return request;
-    };
-    let path: &[u8] = match rest.iter().position(|&b| b == b'/' || b == b'?') {
-        Some(at) if rest[at] == b'/' => &rest[at..],
-        Some(at) => &[b"/".as_slice(), &rest[at..]].concat(),
-        None => b"/",
-    };
-    let mut rewritten = Vec::with_capacity(request.len());
-    rewritten.extend_from_slice(method);
-    rewritten.push(b' ');
-    rewritten.extend_from_slice(path);
-    rewritten.push(b' ');
-    rewritten.extend_from_slice(version);
-    rewritten.extend_from_slice(&request.split_off(line_end));
-    rewritten
 }
 
 /// Resolves (for a name) and judges `host`, and connects to the first
@@ -454,36 +421,5 @@ fn original_destination(stream: &TcpStream) -> Option<SocketAddr> {
     match stream.local_addr().ok()? {
         SocketAddr::V4(_) => ip_original_dst(stream).ok().map(SocketAddr::V4),
         SocketAddr::V6(_) => ipv6_original_dst(stream).ok().map(SocketAddr::V6),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::origin_form;
-
-    #[test]
-    fn absolute_form_requests_reach_the_origin_in_origin_form() {
-        let cases: [(&[u8], &[u8]); 5] = [
-            (
-                b"GET http://site.test:8000/a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
-                b"GET /a/b?c HTTP/1.1\r\nHost: site.test:8000\r\n\r\nbody",
-            ),
-            (
-                b"GET http://site.test HTTP/1.1\r\n\r\n",
-                b"GET / HTTP/1.1\r\n\r\n",
-            ),
-            (
-                b"GET http://site.test?q HTTP/1.1\r\n\r\n",
-                b"GET /?q HTTP/1.1\r\n\r\n",
-            ),
-            (
-                b"GET /already HTTP/1.1\r\n\r\n",
-                b"GET /already HTTP/1.1\r\n\r\n",
-            ),
-            (b"garbage", b"garbage"),
-        ];
-        for (given, wanted) in cases {
-            assert_eq!(origin_form(given.to_vec()), wanted.to_vec());
-        }
     }
 }
