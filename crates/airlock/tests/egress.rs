@@ -865,8 +865,9 @@ const V6_SITE: &str = "2001:db8:a1::2";
 
 /// The IPv6 test internet: a namespace of its own with one HTTP server on
 /// [2001:db8:a1::2]:8000, joined to the host by a veth pair carrying
-/// 2001:db8:a1::/64 (and 192.0.2.0/24, TEST-NET-1, which no name here
-/// resolves to).
+/// 2001:db8:a1::/64 (and 198.18.0.0/24, of the benchmarking range, which
+/// no name here resolves to: not TEST-NET-1, which a CI machine's own
+/// network may use).
 struct Internet6 {
     server: Child,
     /// Dropped after the server (fields drop after `Drop::drop`).
@@ -876,7 +877,7 @@ struct Internet6 {
 impl Internet6 {
     fn start() -> Internet6 {
         require_tools();
-        let net = FarNet::new("v6", "192.0.2.1", "192.0.2.2").with_ipv6("2001:db8:a1::1", V6_SITE);
+        let net = FarNet::new("v6", "198.18.0.1", "198.18.0.2").with_ipv6("2001:db8:a1::1", V6_SITE);
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from v6site.test\n").unwrap();
         let server = start_server(
