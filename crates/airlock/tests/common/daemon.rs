@@ -151,14 +151,15 @@ impl TestDaemon {
                 log.push('\n');
             }
         });
-        let url = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
-                panic!(
-                    "the daemon did not start serving; its log:\n{}",
-                    self.log.lock().unwrap()
-                )
-            });
+        let Ok(url) = rx.recv_timeout(Duration::from_secs(30)) else {
+            // Not left running (and holding its sandboxes) past the test.
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the daemon did not start serving; its log:\n{}",
+                self.log.lock().unwrap()
+            )
+        };
         self.url = url;
         self.key = std::fs::read_to_string(self.data_dir.join("admin.key"))
             .unwrap()
