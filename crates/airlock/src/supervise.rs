@@ -363,20 +363,12 @@ async fn relay(
             _ = interrupt.recv() => break RelayEnd::Asked,
             // Woken for the deadline, or told it changed: read it again
             // (an extension written just before it passed still counts).
-            _ = nudged.recv() => {
-                deadline.reload();
-                match deadline.nap() {
-                    Some(nap) => wake.as_mut().reset(tokio::time::Instant::now() + nap),
-                    None => break RelayEnd::Expired,
-                }
-            }
-            () = &mut wake => {
-                deadline.reload();
-                match deadline.nap() {
-                    Some(nap) => wake.as_mut().reset(tokio::time::Instant::now() + nap),
-                    None => break RelayEnd::Expired,
-                }
-            }
+            _ = nudged.recv() => if !still_due(&mut deadline, wake.as_mut()) {
+                break RelayEnd::Expired;
+            },
+            () = &mut wake => if !still_due(&mut deadline, wake.as_mut()) {
+                break RelayEnd::Expired;
+            },
         }
     };
     if let Some(task) = inbound {
@@ -384,6 +376,19 @@ async fn relay(
     }
     reader_task.abort();
     Ok(end)
+}
+
+/// Reads the deadline again and sets `wake` for it; `false` once it has
+/// passed (an extension written just before it passed still counts).
+fn still_due(deadline: &mut Deadline, wake: std::pin::Pin<&mut tokio::time::Sleep>) -> bool {
+    deadline.reload();
+    match deadline.nap() {
+        Some(nap) => {
+            wake.reset(tokio::time::Instant::now() + nap);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Copies whole frames from a daemon connection to the agent. A frame is

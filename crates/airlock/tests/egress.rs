@@ -877,7 +877,8 @@ struct Internet6 {
 impl Internet6 {
     fn start() -> Internet6 {
         require_tools();
-        let net = FarNet::new("v6", "198.18.0.1", "198.18.0.2").with_ipv6("2001:db8:a1::1", V6_SITE);
+        let net =
+            FarNet::new("v6", "198.18.0.1", "198.18.0.2").with_ipv6("2001:db8:a1::1", V6_SITE);
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from v6site.test\n").unwrap();
         let server = start_server(
