@@ -1,0 +1,2 @@
+//! The layer store.
+pub mod unpack;
