@@ -156,7 +156,7 @@ pub enum UnpackError {
     /// An entry tries something a layer may not do.
     #[error("the layer's entry {entry:?} is refused: {why}")]
     Hostile {
-        /// The entry's name as the tar has it.
+        /// The entry's name as the tar has it (its first 256 bytes).
         entry: String,
         /// What it tried.
         why: Refusal,
@@ -600,7 +600,7 @@ impl Layer {
                     return Err(stream_error(flags, at, e));
                 }
             };
-            let shown = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let shown = shown(&entry.path_bytes());
             unread = self.entry(&mut entry).map_err(|fail| match fail.kind {
                 // A read of the entry's data that failed on the
                 // caller's side is theirs, not the layer's.
@@ -859,7 +859,7 @@ impl Layer {
     fn hard_link<R: Read>(&mut self, name: &Name, entry: &tar::Entry<'_, R>) -> Result<(), Fail> {
         let raw_target = entry.link_name_bytes().unwrap_or_default().into_owned();
         let refused = || Refusal::HardLink {
-            target: String::from_utf8_lossy(&raw_target).into_owned(),
+            target: shown(&raw_target),
         };
         let target = Name::parse(&raw_target).map_err(|_| refused())?;
         if name.is_root() {
@@ -937,7 +937,7 @@ impl Layer {
     fn finish(&mut self) -> Result<(), UnpackError> {
         let dir_times = std::mem::take(&mut self.dir_times);
         for (path, mtime) in dir_times {
-            let shown = String::from_utf8_lossy(&path).into_owned();
+            let shown = shown(&path);
             let fd = self
                 .tree
                 .dir(&path, false)
@@ -947,6 +947,18 @@ impl Layer {
         }
         Ok(())
     }
+}
+
+/// How much of a name errors show: names may be megabytes long.
+const SHOWN: usize = 256;
+
+/// A name as errors show it: its first [`SHOWN`] bytes, lossily UTF-8,
+/// with `…` when cut.
+fn shown(raw: &[u8]) -> String {
+    if raw.len() <= SHOWN {
+        return String::from_utf8_lossy(raw).into_owned();
+    }
+    format!("{}…", String::from_utf8_lossy(&raw[..SHOWN]))
 }
 
 /// Sets the owner and then the mode of an open file or directory (in this
