@@ -387,6 +387,8 @@ struct Layer {
     files: BTreeSet<Vec<u8>>,
     /// Directories' modification times, set at the end.
     dir_times: BTreeMap<Vec<u8>, i64>,
+    /// The buffer files' data is copied through.
+    buf: Vec<u8>,
     entries: u64,
     bytes: u64,
     /// Bytes of the tar stream's data: `bytes` and data of other entries.
@@ -566,6 +568,7 @@ impl Layer {
             limits,
             files: BTreeSet::new(),
             dir_times: BTreeMap::new(),
+            buf: vec![0u8; 64 << 10],
             entries: 0,
             bytes: 0,
             data: 0,
@@ -778,7 +781,7 @@ impl Layer {
         let fd = openat(&dir, name.split().1, flags, Mode::from_raw_mode(0o600))
             .map_err(Fail::io("make a file"))?;
         let mut file = std::fs::File::from(fd);
-        let written = copy_data(entry, &mut file)?;
+        let written = copy_data(entry, &mut file, &mut self.buf)?;
         if written != size {
             return Err(Fail {
                 kind: FailKind::Corrupt(io::Error::new(
@@ -983,11 +986,10 @@ fn times(mtime: i64) -> Timestamps {
 /// Copies an entry's data into its file: a failed read is the layer's
 /// (corrupt, or the caller's reader, which the caller tells apart), a
 /// failed write the store's.
-fn copy_data(from: &mut impl Read, to: &mut std::fs::File) -> Result<u64, Fail> {
-    let mut buf = vec![0u8; 64 << 10];
+fn copy_data(from: &mut impl Read, to: &mut std::fs::File, buf: &mut [u8]) -> Result<u64, Fail> {
     let mut total = 0u64;
     loop {
-        let n = match from.read(&mut buf) {
+        let n = match from.read(buf) {
             Ok(0) => return Ok(total),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
