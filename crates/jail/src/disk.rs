@@ -1,0 +1,285 @@
+//! Writable layers on disk, each under a hard quota.
+//!
+//! A sandbox's writable layer (the overlay's upper and work directories,
+//! or the whole root of a `host` sandbox) is a btrfs subvolume of its own
+//! on the *disk store*, with a quota group limiting what it may hold: a
+//! write past `limits.disk` fails with `EDQUOT` ("Disk quota exceeded") in
+//! the sandbox, and the host's disk and the other sandboxes are untouched.
+//! A layer costs three ioctls to make (create the subvolume, set its
+//! limit, hand it to the sandbox's root) and one to remove, not an mkfs.
+//!
+//! Why btrfs: XFS project quotas and ext4 project quotas both need the
+//! kernel's quota support (`CONFIG_XFS_QUOTA`, `CONFIG_QUOTA`), which
+//! kernels such as this CI machine's leave out; btrfs quota groups are part
+//! of btrfs itself. The disk store is the data directory's own file system
+//! when that is btrfs, else a sparse image `<data-dir>/disk.img` formatted
+//! once (`mkfs.btrfs`) and loop-mounted on `<data-dir>/disk` with quotas
+//! enabled; both are set up once, when the daemon starts.
+//!
+//! Layers live at `<disk>/sandboxes/<id>`. [`DiskStore::remove`] is
+//! idempotent, and [`DiskStore::ids`] lists what is there so a starting
+//! daemon can remove the layers of sandboxes it has no record of.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `BTRFS_IOC_SUBVOL_CREATE`: `_IOW(0x94, 14, struct btrfs_ioctl_vol_args)`.
+const SUBVOL_CREATE: u64 = 0x5000_940E;
+/// `BTRFS_IOC_SNAP_DESTROY`: `_IOW(0x94, 15, struct btrfs_ioctl_vol_args)`.
+const SNAP_DESTROY: u64 = 0x5000_940F;
+/// `BTRFS_IOC_QGROUP_LIMIT`: `_IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)`.
+const QGROUP_LIMIT: u64 = 0x8030_942B;
+/// `BTRFS_QGROUP_LIMIT_MAX_RFER`.
+const LIMIT_MAX_RFER: u64 = 1;
+/// `BTRFS_SUPER_MAGIC`, `statfs(2)`'s `f_type` of btrfs.
+const BTRFS_MAGIC: i64 = 0x9123_683E;
+
+/// `struct btrfs_ioctl_vol_args`.
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; 4088],
+}
+
+/// `struct btrfs_ioctl_qgroup_limit_args`.
+#[repr(C)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+/// The disk store could not be set up, or a layer made or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("cannot {what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot run {program} to set up the disk store (install btrfs-progs)")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{program} failed to set up the disk store: {stderr}")]
+    Failed {
+        program: &'static str,
+        stderr: String,
+    },
+    #[error("`{0}` is not a sandbox id")]
+    BadId(String),
+}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> DiskError {
+    move |source| DiskError::Io { what, source }
+}
+
+/// The file system the writable layers live on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskStore {
+    root: PathBuf,
+}
+
+fn is_btrfs(path: &Path) -> bool {
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type == BTRFS_MAGIC)
+}
+
+fn run(program: &'static str, args: &[&std::ffi::OsStr]) -> Result<(), DiskError> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|source| DiskError::Spawn { program, source })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(DiskError::Failed {
+            program,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+}
+
+impl DiskStore {
+    /// The store of the daemon whose data directory is `data_dir`, set up
+    /// on first use: the data directory itself if it is btrfs, else a
+    /// sparse image of `size` bytes loop-mounted on `<data_dir>/disk` (made
+    /// once; mounted again after a reboot). Quotas are enabled either way.
+    pub fn open(data_dir: &Path, size: u64) -> Result<DiskStore, DiskError> {
+        let (mount, root) = if is_btrfs(data_dir) {
+            (data_dir.to_owned(), data_dir.join("disk"))
+        } else {
+            let mount = data_dir.join("disk");
+            std::fs::create_dir_all(&mount)
+                .map_err(io_error("create the disk store's mount point"))?;
+            if !is_btrfs(&mount) {
+                let image = data_dir.join("disk.img");
+                if !image.exists() {
+                    let file =
+                        File::create(&image).map_err(io_error("create the disk store's image"))?;
+                    file.set_len(size)
+                        .map_err(io_error("size the disk store's image"))?;
+                    drop(file);
+                    run("mkfs.btrfs", &["-q".as_ref(), image.as_os_str()])?;
+                }
+                run(
+                    "mount",
+                    &[
+                        "-o".as_ref(),
+                        "loop".as_ref(),
+                        image.as_os_str(),
+                        mount.as_os_str(),
+                    ],
+                )?;
+            }
+            (mount.clone(), mount)
+        };
+        // Idempotent: enabling quotas that are on already is a no-op.
+        run(
+            "btrfs",
+            &["quota".as_ref(), "enable".as_ref(), mount.as_os_str()],
+        )?;
+        let store = DiskStore { root };
+        std::fs::create_dir_all(store.sandboxes()).map_err(io_error("create the disk store"))?;
+        Ok(store)
+    }
+
+    /// The store at `root`, set up already (by the daemon, for its
+    /// supervisors).
+    pub fn at(root: impl Into<PathBuf>) -> DiskStore {
+        DiskStore { root: root.into() }
+    }
+
+    /// Its root (what `at` takes).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn sandboxes(&self) -> PathBuf {
+        self.root.join("sandboxes")
+    }
+
+    /// Where the writable layer of sandbox `id` is.
+    pub fn path(&self, id: &str) -> PathBuf {
+        self.sandboxes().join(id)
+    }
+
+    /// Makes the writable layer of sandbox `id`: a subvolume holding at
+    /// most `bytes`, its root directory owned by `owner` (the host uid
+    /// and gid of the sandbox's root) with mode 0755.
+    pub fn create(&self, id: &str, bytes: u64, owner: u32) -> Result<PathBuf, DiskError> {
+        if !crate::launch::is_sandbox_id(id) {
+            return Err(DiskError::BadId(id.to_owned()));
+        }
+        let parent = File::open(self.sandboxes()).map_err(io_error("open the disk store"))?;
+        let mut args = VolArgs {
+            fd: 0,
+            name: [0; 4088],
+        };
+        args.name[..id.len()].copy_from_slice(id.as_bytes());
+        // SAFETY: the ioctl reads a `struct btrfs_ioctl_vol_args` (`args`,
+        // live and of that layout, its name NUL-terminated by the zeroed
+        // rest) on the directory `parent`, which we hold open.
+        let made = unsafe { libc::ioctl(parent.as_raw_fd(), SUBVOL_CREATE as _, &args) };
+        if made != 0 {
+            return Err(DiskError::Io {
+                what: "create a sandbox's writable layer (a btrfs subvolume)",
+                source: io::Error::last_os_error(),
+            });
+        }
+        let path = self.path(id);
+        let layer = File::open(&path).map_err(io_error("open a sandbox's writable layer"))?;
+        let limit = QgroupLimitArgs {
+            // 0: the subvolume `layer` is in.
+            qgroupid: 0,
+            flags: LIMIT_MAX_RFER,
+            max_rfer: bytes,
+            max_excl: 0,
+            rsv_rfer: 0,
+            rsv_excl: 0,
+        };
+        // SAFETY: the ioctl reads a `struct btrfs_ioctl_qgroup_limit_args`
+        // (`limit`, live and of that layout) for the subvolume of `layer`.
+        let limited = unsafe { libc::ioctl(layer.as_raw_fd(), QGROUP_LIMIT as _, &limit) };
+        if limited != 0 {
+            let source = io::Error::last_os_error();
+            let _ = self.remove(id);
+            return Err(DiskError::Io {
+                what: "limit a sandbox's writable layer (btrfs quotas)",
+                source,
+            });
+        }
+        let id_owner = Some(rustix::fs::Uid::from_raw(owner));
+        let gid_owner = Some(rustix::fs::Gid::from_raw(owner));
+        if let Err(e) = rustix::fs::fchown(&layer, id_owner, gid_owner) {
+            let _ = self.remove(id);
+            return Err(DiskError::Io {
+                what: "hand a sandbox its writable layer",
+                source: e.into(),
+            });
+        }
+        Ok(path)
+    }
+
+    /// Removes the writable layer of sandbox `id` and everything in it;
+    /// one that is not there is not an error.
+    pub fn remove(&self, id: &str) -> Result<(), DiskError> {
+        if !crate::launch::is_sandbox_id(id) {
+            return Err(DiskError::BadId(id.to_owned()));
+        }
+        let parent = match File::open(self.sandboxes()) {
+            Ok(parent) => parent,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io_error("open the disk store")(e)),
+        };
+        let mut args = VolArgs {
+            fd: 0,
+            name: [0; 4088],
+        };
+        args.name[..id.len()].copy_from_slice(id.as_bytes());
+        // SAFETY: as in `create`: a live `struct btrfs_ioctl_vol_args` with
+        // a NUL-terminated name, on the directory `parent`.
+        let removed = unsafe { libc::ioctl(parent.as_raw_fd(), SNAP_DESTROY as _, &args) };
+        if removed == 0 {
+            return Ok(());
+        }
+        let source = io::Error::last_os_error();
+        match source.raw_os_error() {
+            Some(libc::ENOENT) => Ok(()),
+            // Not a subvolume (made by hand, or a half-made layer): a
+            // plain directory tree.
+            Some(libc::EINVAL) | Some(libc::ENOTTY) => match std::fs::remove_dir_all(self.path(id))
+            {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(io_error("remove a sandbox's writable layer")(e)),
+            },
+            _ => Err(DiskError::Io {
+                what: "remove a sandbox's writable layer",
+                source,
+            }),
+        }
+    }
+
+    /// The sandbox ids that have a writable layer here.
+    pub fn ids(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.sandboxes()) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| crate::launch::is_sandbox_id(name))
+            .collect();
+        ids.sort();
+        ids
+    }
+}
