@@ -68,6 +68,13 @@ pub struct ServeArgs {
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
+    /// How often unreferenced layers and abandoned imports are collected
+    /// (also once at start).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    gc_interval: Duration,
+    /// Largest image archive `airlock template import` may send (e.g. 16G).
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    max_image: u64,
     /// Host directory under which API clients may bind-mount paths
     /// (repeatable). None by default.
     #[arg(long = "allow-mount", value_name = "DIR")]
@@ -229,6 +236,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.default_timeout = args.default_timeout;
     config.max_upload_bytes = args.max_upload;
+    config.max_image_bytes = args.max_image;
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
@@ -290,6 +298,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "reconciled recorded sandboxes with the host"
         );
         tokio::spawn(daemon.clone().run_reaper());
+        tokio::spawn(daemon.clone().run_collector(args.gc_interval));
         daemon.warm();
         let listener = airlock_api::server::listen(args.listen)
             .with_context(|| format!("cannot listen on {}", args.listen))?;

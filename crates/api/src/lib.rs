@@ -19,6 +19,7 @@ pub mod error;
 mod files;
 mod native;
 pub mod server;
+mod templates;
 pub mod types;
 
 use airlock_daemon::Daemon;
@@ -92,6 +93,7 @@ pub struct RequestId(pub String);
         (name = "processes", description = "Running commands"),
         (name = "files", description = "Files inside a sandbox"),
         (name = "audit", description = "The audit trail"),
+        (name = "templates", description = "Templates and the layer store"),
         (name = "operations", description = "Health and metrics"),
     )
 )]
@@ -176,6 +178,10 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(files::make_dir))
         .routes(routes!(files::move_path))
         .routes(routes!(files::watch))
+        .routes(routes!(templates::list_templates))
+        .routes(routes!(templates::get_template, templates::delete_template))
+        .routes(routes!(templates::import_template))
+        .routes(routes!(templates::collect_garbage))
         .routes(routes!(metrics))
         .routes(routes!(healthz))
         .with_state(api)
@@ -217,7 +223,11 @@ pub fn router(daemon: Daemon) -> Router {
 
 /// Whether the request streams its body to the handler (uploads).
 fn is_streamed_upload(request: &Request) -> bool {
-    request.method() == axum::http::Method::PUT && request.uri().path().ends_with("/files")
+    let path = request.uri().path();
+    (request.method() == axum::http::Method::PUT && path.ends_with("/files"))
+        || (request.method() == axum::http::Method::POST
+            && path.starts_with("/v1/templates/")
+            && path.ends_with("/import"))
 }
 
 /// Reads every request body (but uploads) whole, up to 1 MiB, before

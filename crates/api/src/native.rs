@@ -7,7 +7,6 @@ use crate::types::*;
 use crate::{Api, RequestId};
 use airlock_core::DeadReason;
 use airlock_daemon::processes::ExecRequest;
-use airlock_daemon::sandboxes::NewSandboxRequest;
 use airlock_daemon::{Attached, Output};
 use airlock_store::{ListQuery, State as StoredState};
 use axum::body::Body;
@@ -44,20 +43,8 @@ pub async fn create_sandbox(
 ) -> Result<Response> {
     let key = caller.key()?.clone();
     let body = json_body(body)?;
-    let (spec, template_name, metadata) =
-        body.into_spec(&api.daemon).map_err(ApiError::bad_request)?;
-    let created = api
-        .daemon
-        .create(
-            &key,
-            NewSandboxRequest {
-                spec,
-                template_name,
-                metadata,
-            },
-            &request_id.0,
-        )
-        .await?;
+    let request = body.into_request(&api.daemon)?;
+    let created = api.daemon.create(&key, request, &request_id.0).await?;
     Ok((
         StatusCode::CREATED,
         Json(SandboxView::of(&created.row, Some(created.access_token))),

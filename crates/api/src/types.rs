@@ -1,9 +1,11 @@
 //! The JSON shapes of the native API, and their translation to the spec.
 
+use crate::error::ApiError;
+use airlock_daemon::sandboxes::NewSandboxRequest;
 use airlock_daemon::Daemon;
 use airlock_policy::{
     network::{TooManyRules, MAX_RULES},
-    parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs, SandboxSpec, Template,
+    parse_cpus, parse_size, BindMount, Limits, NetworkPolicy, RunAs, SandboxSpec,
 };
 use airlock_store::SandboxRow;
 use serde::{Deserialize, Serialize};
@@ -179,29 +181,28 @@ pub struct CreateSandbox {
 }
 
 impl CreateSandbox {
-    /// The spec and template name, or what is wrong (a 400 message).
-    pub fn into_spec(
-        self,
-        daemon: &Daemon,
-    ) -> Result<(SandboxSpec, String, BTreeMap<String, String>), String> {
+    /// The create request: the spec with its template resolved, or what is
+    /// wrong (400, or 404 for a template that does not exist).
+    pub fn into_request(self, daemon: &Daemon) -> Result<NewSandboxRequest, ApiError> {
+        let template = self.template.clone().unwrap_or_else(|| "host".into());
+        let resolved = daemon.resolve_template(&template)?;
+        let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
+        spec.template = resolved.template;
+        Daemon::apply_template_config(&mut spec, &resolved.config);
+        spec.validate()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(NewSandboxRequest {
+            spec,
+            template_name: template,
+            metadata,
+            layers: resolved.layers,
+        })
+    }
+
+    /// The spec (its template left to [`CreateSandbox::into_request`]) and
+    /// metadata, or what is wrong (a 400 message).
+    fn into_spec(self, daemon: &Daemon) -> Result<(SandboxSpec, BTreeMap<String, String>), String> {
         let mut spec = SandboxSpec::default();
-        let template = self.template.unwrap_or_else(|| "host".into());
-        spec.template = match template.as_str() {
-            "host" | "base" => Template::Host,
-            name => {
-                let valid = !name.is_empty()
-                    && name.len() <= 64
-                    && name
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-                    && !name.starts_with('.');
-                let path = daemon.config().data_dir.join("templates").join(name);
-                if !valid || !path.is_dir() {
-                    return Err(format!("template: there is no template named {name:?}"));
-                }
-                Template::Dir { path }
-            }
-        };
         match self.tier.as_deref() {
             None | Some("process") => {}
             Some(other) => {
@@ -269,7 +270,7 @@ impl CreateSandbox {
             ));
         }
         spec.validate().map_err(|e| e.to_string())?;
-        Ok((spec, template, metadata))
+        Ok((spec, metadata))
     }
 }
 

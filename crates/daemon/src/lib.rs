@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
+pub mod templates;
 pub mod tokens;
 
 use airlock_backend::{Backend, Resources};
@@ -57,6 +58,8 @@ pub struct Config {
     /// Largest file upload, bytes.
     pub max_upload_bytes: u64,
     /// Host directories under which API clients may bind-mount paths; empty
+    /// Largest image archive an import takes, bytes.
+    pub max_image_bytes: u64,
     /// means no host mounts from the API.
     pub mount_roots: Vec<PathBuf>,
     /// What this machine has, for refusing limits beyond it.
@@ -118,6 +121,7 @@ impl Config {
             max_timeout: Duration::from_secs(24 * 3600),
             admission: AdmissionLimits::default(),
             max_upload_bytes: 1 << 30,
+            max_image_bytes: 16 << 30,
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
             egress_hosts: Vec::new(),
@@ -304,6 +308,9 @@ pub(crate) struct Inner {
     token_key: tokens::TokenKey,
     /// The egress path of sandboxes that may reach the network.
     egress: airlock_egress::Egress,
+    /// Taken shared by imports and creates while they bring layers in or
+    /// record them, exclusive by the layer collector.
+    layers_lock: std::sync::RwLock<()>,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -416,6 +423,7 @@ impl Daemon {
                 metrics,
                 token_key,
                 egress,
+                layers_lock: std::sync::RwLock::new(()),
             }),
         })
     }
@@ -554,6 +562,9 @@ impl Daemon {
         metrics
             .leaked_resources
             .set(self.inner.backend.leaked(&self.recorded_ids()) as i64);
+        metrics
+            .unowned_layers
+            .set(self.unowned_store_entries() as i64);
         metrics.audit_dropped.set(self.inner.audit.dropped() as i64);
         metrics
             .audit_suppressed

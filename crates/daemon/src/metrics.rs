@@ -86,6 +86,7 @@ pub struct Metrics {
     /// Host resources that belong to no live sandbox (set before each
     /// scrape; must stay 0).
     pub leaked_resources: Gauge,
+    pub unowned_layers: Gauge,
     /// API answers by status code.
     pub http_responses: Family<StatusLabel, Counter>,
     /// Audit events dropped because the writer fell behind (set before each scrape).
@@ -122,6 +123,7 @@ impl Metrics {
         let oom_kills = Counter::default();
         let teardown_failures = Counter::default();
         let leaked_resources = Gauge::default();
+        let unowned_layers = Gauge::default();
         let http_responses = Family::<StatusLabel, Counter>::default();
         let audit_dropped = Gauge::default();
         let audit_suppressed = Gauge::default();
@@ -190,6 +192,11 @@ impl Metrics {
             leaked_resources.clone(),
         );
         registry.register(
+            "layer_store_unowned_entries",
+            "Entries of the layer store that no record names (half-done imports included); must be 0 once the collector ran",
+            unowned_layers.clone(),
+        );
+        registry.register(
             "http_responses",
             "API answers by status code",
             http_responses.clone(),
@@ -222,6 +229,7 @@ impl Metrics {
             oom_kills,
             teardown_failures,
             leaked_resources,
+            unowned_layers,
             http_responses,
             audit_dropped,
             audit_suppressed,

@@ -45,6 +45,9 @@ pub struct NewSandboxRequest {
     pub template_name: String,
     /// User metadata.
     pub metadata: BTreeMap<String, String>,
+    /// The layers of the layer store it runs on (by diff_id), recorded
+    /// with it so they stay while it lives.
+    pub layers: Vec<String>,
 }
 
 /// A sandbox just created.
@@ -140,12 +143,18 @@ impl Daemon {
                 )));
             }
         }
-        if let Template::Dir { path } = &spec.template {
-            if !path.starts_with(self.config().data_dir.join("templates")) {
-                return Err(DaemonError::BadInput(
-                    "templates must be registered with the daemon".into(),
-                ));
+        let registered = match &spec.template {
+            Template::Host => true,
+            Template::Dir { path } => path.starts_with(self.config().data_dir.join("templates")),
+            Template::Layers { layers } => {
+                let store = self.config().data_dir.join("layers").join("sha256");
+                layers.iter().all(|l| l.parent() == Some(store.as_path()))
             }
+        };
+        if !registered {
+            return Err(DaemonError::BadInput(
+                "templates must be registered with the daemon".into(),
+            ));
         }
         Ok(())
     }
@@ -194,6 +203,13 @@ impl Daemon {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_else(|| "process".into());
+        // The layers are recorded with the row, before a collection could
+        // take them (the template may be removed while this one runs).
+        let layers_lock = self
+            .inner
+            .layers_lock
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
         let inserted = self.with_store(|s| {
             s.insert_sandbox(&NewSandbox {
                 id: id.clone(),
@@ -206,8 +222,10 @@ impl Daemon {
                 created_at: now,
                 expires_at: now.saturating_add(spec.timeout_ms as i64),
                 resources_json: None,
+                layers: request.layers.clone(),
             })
         });
+        drop(layers_lock);
         if let Err(e) = inserted {
             self.inner.backend.unreserve(&id);
             return Err(e.into());

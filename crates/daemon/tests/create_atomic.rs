@@ -165,6 +165,7 @@ fn request() -> NewSandboxRequest {
         spec: SandboxSpec::default(),
         template_name: "host".into(),
         metadata: Default::default(),
+        layers: Vec::new(),
     }
 }
 

@@ -106,6 +106,10 @@ struct ChildContext<'a> {
     rootfs: &'a RootfsPlan,
     stage: PathBuf,
     template_dir: Option<&'a Path>,
+    /// Layers to stack (`Template::Layers`): how many arrive on
+    /// `layer_channel`, bottom first, as idmapped mounts.
+    layers: usize,
+    layer_channel: Option<OwnedFd>,
     disk_bytes: u64,
     go_read: OwnedFd,
     cgroup_read: OwnedFd,
@@ -177,6 +181,11 @@ impl Jail {
                 return Err(LaunchError::TemplatePathUnsupported(path.clone()));
             }
         }
+        if let Template::Layers { layers } = &spec.template {
+            if let Some(missing) = layers.iter().find(|p| !p.is_dir()) {
+                return Err(LaunchError::TemplateMissing(missing.clone()));
+            }
+        }
         for mount in &spec.mounts {
             if mount.source.symlink_metadata().is_err() {
                 return Err(LaunchError::MountSourceMissing(mount.source.clone()));
@@ -242,7 +251,18 @@ impl Jail {
             .map_err(|e| LaunchError::Io("open the airlock binary", e))?;
         let template_dir = match &spec.template {
             Template::Dir { path } => Some(path.as_path()),
-            Template::Host => None,
+            Template::Host | Template::Layers { .. } => None,
+        };
+        let layers: &[PathBuf] = match &spec.template {
+            Template::Layers { layers } => layers,
+            _ => &[],
+        };
+        let (layers_host, layers_child) = if layers.is_empty() {
+            (None, None)
+        } else {
+            let (host, child) =
+                UnixStream::pair().map_err(|e| LaunchError::Io("create the layer channel", e))?;
+            (Some(host), Some(OwnedFd::from(child)))
         };
         let argv = ["airlock", "agent", "--fd", "3"]
             .iter()
@@ -256,6 +276,8 @@ impl Jail {
             rootfs,
             stage: runtime.stage(),
             template_dir,
+            layers: layers.len(),
+            layer_channel: layers_child,
             disk_bytes: spec.limits.writable_layer_bytes(),
             go_read,
             cgroup_read,
@@ -310,6 +332,7 @@ impl Jail {
             drop(cgroup_write);
             drop(err_read);
             drop(host_end);
+            drop(layers_host);
             child_main(context);
         }
         self.init_pid = pid as i32;
@@ -325,6 +348,9 @@ impl Jail {
             .map_err(|e| LaunchError::Io("write the uid map", e))?;
         fs::write(format!("/proc/{pid}/gid_map"), &map)
             .map_err(|e| LaunchError::Io("write the gid map", e))?;
+        if let Some(channel) = &layers_host {
+            send_layers(pid as i32, layers, channel)?;
+        }
         release(go_write, "start the sandbox init")?;
         // Without the v1 shortcut the child is moved now. That waits for an
         // RCU grace period (milliseconds), so it runs while the child builds
@@ -420,6 +446,117 @@ impl Drop for Jail {
     fn drop(&mut self) {
         let _ = self.teardown();
     }
+}
+
+/// Layers' idmapped mounts sent at once (SCM_RIGHTS carries at most 253
+/// descriptors a message).
+const LAYERS_PER_MESSAGE: usize = 64;
+
+/// Clones each layer directory as a detached mount, idmapped through the
+/// user namespace of the sandbox init `pid` (so a file the image gives uid
+/// 0 is seen by the sandbox as its own root, without a copy of the layer
+/// per sandbox), read-only, nosuid and nodev; and sends them, bottom first,
+/// to the init, which attaches them under its stage and stacks them.
+fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(), LaunchError> {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
+        .map_err(|e| LaunchError::Io("open the sandbox's user namespace", e))?;
+    let mut mounts = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let tree = open_tree(
+            rustix::fs::CWD,
+            layer.as_path(),
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(|e| LaunchError::Io("clone a template layer's mount", e.into()))?;
+        let attr = libc::mount_attr {
+            attr_set: libc::MOUNT_ATTR_IDMAP
+                | libc::MOUNT_ATTR_RDONLY
+                | libc::MOUNT_ATTR_NOSUID
+                | libc::MOUNT_ATTR_NODEV,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns.as_raw_fd() as u64,
+        };
+        // SAFETY: mount_setattr reads `attr` (a live, initialized struct of
+        // the size passed) and acts on the detached mount `tree`, which we
+        // own; the empty path with AT_EMPTY_PATH names `tree` itself.
+        let set = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &attr as *const libc::mount_attr,
+                std::mem::size_of::<libc::mount_attr>(),
+            )
+        };
+        if set != 0 {
+            return Err(LaunchError::Io(
+                "idmap a template layer (needs a kernel with idmapped mounts, 5.12+, on the store's file system)",
+                io::Error::last_os_error(),
+            ));
+        }
+        mounts.push(tree);
+    }
+    for chunk in mounts.chunks(LAYERS_PER_MESSAGE) {
+        let fds: Vec<rustix::fd::BorrowedFd<'_>> =
+            chunk.iter().map(rustix::fd::AsFd::as_fd).collect();
+        let mut space = vec![
+            std::mem::MaybeUninit::uninit();
+            rustix::cmsg_space!(ScmRights(LAYERS_PER_MESSAGE))
+        ];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+            return Err(LaunchError::Io(
+                "send the template layers",
+                io::Error::from(io::ErrorKind::InvalidInput),
+            ));
+        }
+        rustix::net::sendmsg(
+            channel,
+            &[io::IoSlice::new(b"l")],
+            &mut control,
+            rustix::net::SendFlags::empty(),
+        )
+        .map_err(|e| LaunchError::Io("send the template layers", e.into()))?;
+    }
+    Ok(())
+}
+
+/// The init's side of [`send_layers`]: `count` mounts, bottom first.
+fn receive_layers(channel: &OwnedFd, count: usize) -> Result<Vec<OwnedFd>, String> {
+    let mut layers = Vec::with_capacity(count);
+    while layers.len() < count {
+        let mut space = vec![
+            std::mem::MaybeUninit::uninit();
+            rustix::cmsg_space!(ScmRights(LAYERS_PER_MESSAGE))
+        ];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let mut byte = [0u8; 1];
+        let got = rustix::net::recvmsg(
+            channel,
+            &mut [io::IoSliceMut::new(&mut byte)],
+            &mut control,
+            rustix::net::RecvFlags::CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("receive the template layers: {e}"))?;
+        if got.bytes == 0 {
+            return Err("receive the template layers: the launcher went away".into());
+        }
+        for message in control.drain() {
+            if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = message {
+                layers.extend(fds);
+            }
+        }
+    }
+    if layers.len() != count {
+        return Err(format!(
+            "receive the template layers: {} arrived for {count}",
+            layers.len()
+        ));
+    }
+    Ok(layers)
 }
 
 /// Writes the one byte a waiting child reads as "go on".
@@ -555,6 +692,10 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         host_paths.push(template);
     }
     let sources = step("open host paths", HostSources::open(host_paths))?;
+    let layers = match &context.layer_channel {
+        Some(channel) => receive_layers(channel, context.layers)?,
+        None => Vec::new(),
+    };
     step("setgroups", rustix::thread::set_thread_groups(&[Gid::ROOT]))?;
     step(
         "setresgid",
@@ -592,6 +733,49 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         ),
     )?;
     let new_root = match context.template_dir {
+        None if !layers.is_empty() => {
+            for dir in ["upper", "work", "root", "lower"] {
+                step(
+                    "create the overlay dirs",
+                    fs::create_dir(format!("{stage}/{dir}")),
+                )?;
+            }
+            let mut lowers = Vec::with_capacity(layers.len());
+            for (position, layer) in layers.iter().enumerate() {
+                let at = format!("{stage}/lower/{position}");
+                step("create a layer's mount point", fs::create_dir(&at))?;
+                step(
+                    "attach a template layer",
+                    rustix::mount::move_mount(
+                        layer,
+                        "",
+                        rustix::fs::CWD,
+                        at.as_str(),
+                        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                    ),
+                )?;
+                lowers.push(at);
+            }
+            drop(layers);
+            // overlayfs lists the top layer first.
+            lowers.reverse();
+            let options = format!(
+                "lowerdir={},upperdir={stage}/upper,workdir={stage}/work,userxattr",
+                lowers.join(":")
+            );
+            let root = format!("{stage}/root");
+            step(
+                "mount the template's layers",
+                raw_mount(
+                    Some("overlay"),
+                    &root,
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                ),
+            )?;
+            root
+        }
         None => stage.clone(),
         Some(template) => {
             for dir in ["upper", "work", "root"] {

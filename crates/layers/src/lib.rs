@@ -1,2 +1,52 @@
-//! The layer store.
+//! The layer store: what a template is made of.
+//!
+//! - [`unpack`]: one OCI layer (tar, gzip or zstd) into a directory, with
+//!   hostile entries refused and whiteouts in overlayfs form.
+//! - [`store`]: the directory of unpacked layers, named by `diff_id`, with
+//!   staging that a crash cannot leave half-done under a layer's name.
+//! - [`archive`]: images from `docker save` archives and OCI layouts.
+//!
+//! Which layers are referenced (by templates, by sandboxes) is the state
+//! database's business (`airlock-store`); this crate holds the files.
+#![forbid(unsafe_code)]
+
+pub mod archive;
+pub mod store;
 pub mod unpack;
+
+pub use archive::{import, ImportError, ImportProgress, ImportedImage};
+pub use store::{is_sha256_digest, LayerStore, Swept};
+
+use serde::{Deserialize, Serialize};
+
+/// How a sandbox of a template starts, from its image configuration: what
+/// the daemon applies beneath a create's own settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageConfig {
+    /// `KEY=VALUE` environment entries.
+    pub env: Vec<String>,
+    /// The working directory; `None` for the default.
+    pub workdir: Option<String>,
+    /// `USER` (a name or uid[:gid]); `None` for the default.
+    pub user: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+}
+
+impl ImageConfig {
+    /// The configuration an OCI image configuration document gives.
+    pub fn from_oci(configuration: &oci_spec::image::ImageConfiguration) -> ImageConfig {
+        let Some(config) = configuration.config() else {
+            return ImageConfig::default();
+        };
+        let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+        ImageConfig {
+            env: config.env().clone().unwrap_or_default(),
+            workdir: nonempty(config.working_dir()),
+            user: nonempty(config.user()),
+            entrypoint: config.entrypoint().clone().unwrap_or_default(),
+            cmd: config.cmd().clone().unwrap_or_default(),
+        }
+    }
+}

@@ -86,7 +86,14 @@ pub enum Template {
     /// A directory holding a root filesystem, used as the read-only lower
     /// layer under a private writable upper.
     Dir { path: PathBuf },
+    /// Directories of the layer store stacked read-only, bottom first, under
+    /// a private writable upper: an imported, pulled or built template.
+    /// Their files keep their owners (root-owned files are root inside).
+    Layers { layers: Vec<PathBuf> },
 }
+
+/// Most layers one template may stack (Docker's own limit is 127).
+pub const MAX_LAYERS: usize = 128;
 
 /// Isolation tiers, weakest boundary first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,6 +227,8 @@ pub enum SpecError {
     TimeoutOutOfRange,
     #[error("template directory `{0}` must be an absolute path")]
     TemplateNotAbsolute(PathBuf),
+    #[error("a template stacks 1 to {MAX_LAYERS} layers, not {0}")]
+    LayerCount(usize),
     #[error("mount `{0}` is not HOST:SANDBOX[:ro|:rw]")]
     MountSyntax(String),
     #[error("mount source `{0}` must be an absolute host path")]
@@ -278,9 +287,20 @@ impl SandboxSpec {
         if self.timeout_ms == 0 || self.timeout_ms > 24 * 3_600_000 {
             return Err(SpecError::TimeoutOutOfRange);
         }
-        if let Template::Dir { path } = &self.template {
-            if !path.is_absolute() {
-                return Err(SpecError::TemplateNotAbsolute(path.clone()));
+        match &self.template {
+            Template::Host => {}
+            Template::Dir { path } => {
+                if !path.is_absolute() {
+                    return Err(SpecError::TemplateNotAbsolute(path.clone()));
+                }
+            }
+            Template::Layers { layers } => {
+                if layers.is_empty() || layers.len() > MAX_LAYERS {
+                    return Err(SpecError::LayerCount(layers.len()));
+                }
+                if let Some(path) = layers.iter().find(|p| !p.is_absolute()) {
+                    return Err(SpecError::TemplateNotAbsolute(path.clone()));
+                }
             }
         }
         let mut seen = Vec::new();

@@ -10,6 +10,10 @@ pub enum Entity {
     Sandbox,
     /// A row of `api_keys`.
     ApiKey,
+    /// A row of `templates`.
+    Template,
+    /// A row of `layers`.
+    Layer,
 }
 
 impl fmt::Display for Entity {
@@ -17,6 +21,8 @@ impl fmt::Display for Entity {
         f.write_str(match self {
             Entity::Sandbox => "sandbox",
             Entity::ApiKey => "API key",
+            Entity::Template => "template",
+            Entity::Layer => "layer",
         })
     }
 }

@@ -7,6 +7,10 @@
 //!   created, so a crashed daemon can still release them);
 //! - **API keys**: id, name, admin flag, creation and revocation times, and
 //!   the SHA-256 hash of the secret;
+//! - **templates and layers**: each template's name, image digest, source,
+//!   start configuration and stack of layers (by `diff_id`), the layers
+//!   unpacked in the layer store, and the layers each sandbox runs on, so
+//!   the collector knows what nothing references;
 //! - **events**: the queryable copy of the audit trail (access, security and
 //!   runtime streams), tied together by sandbox id and request id. Events
 //!   have no foreign key, so a sandbox's trail outlives its row.
@@ -31,6 +35,7 @@ mod keys;
 mod sandboxes;
 mod schema;
 mod secret;
+mod templates;
 mod types;
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -44,6 +49,7 @@ pub use secret::{
     hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,
     LEGACY_KEY_SECRET_PREFIX,
 };
+pub use templates::{LayerRow, NewTemplate, TemplateRow};
 pub use types::{
     EventRow, KeyRow, ListQuery, NewEvent, NewSandbox, Page, ParseEnumError, SandboxRow, State,
     Stream,

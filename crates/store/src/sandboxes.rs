@@ -89,6 +89,7 @@ impl Store {
                 .collect(),
         )
         .to_string();
+        let tx = self.conn.unchecked_transaction()?;
         let inserted = self
             .conn
             .prepare_cached(
@@ -110,7 +111,11 @@ impl Store {
                 new.resources_json,
             ]);
         match inserted {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.insert_sandbox_layers(&new.id, &new.layers)?;
+                tx.commit()?;
+                Ok(())
+            }
             Err(e) if is_constraint(&e, rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY) => {
                 Err(StoreError::AlreadyExists {
                     kind: Entity::Sandbox,

@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -69,6 +69,54 @@ CREATE TABLE events (
 ) STRICT;
 
 CREATE INDEX events_by_sandbox ON events (sandbox_id, seq);
+"#;
+
+/// Version 2: templates, the layers they stack, and the layers each
+/// sandbox uses.
+///
+/// A layer is named by its `diff_id` (the SHA-256 of its uncompressed tar),
+/// so the same content arriving gzip- or zstd-compressed is one layer. A
+/// layer is referenced while a template stacks it or a sandbox that is not
+/// dead runs on it; the collector removes the others (rows and files).
+const V2: &str = r#"
+CREATE TABLE layers (
+    diff_id      TEXT    PRIMARY KEY NOT NULL
+                 CHECK (diff_id GLOB 'sha256:*' AND length(diff_id) = 71),
+    -- Bytes of regular files and entries unpacked.
+    bytes        INTEGER NOT NULL CHECK (bytes >= 0),
+    entries      INTEGER NOT NULL CHECK (entries >= 0),
+    created_at   INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE templates (
+    name         TEXT    PRIMARY KEY NOT NULL,
+    -- sha256:<hex> of the image configuration: what `NAME@sha256:...` pins.
+    digest       TEXT    NOT NULL CHECK (digest GLOB 'sha256:*' AND length(digest) = 71),
+    -- Where it came from (an archive, an image reference, a build).
+    source       TEXT    NOT NULL,
+    -- What a sandbox of it starts with (env, working directory, user,
+    -- command): a JSON object.
+    config_json  TEXT    NOT NULL CHECK (json_valid(config_json) AND json_type(config_json) = 'object'),
+    created_at   INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE template_layers (
+    template     TEXT    NOT NULL REFERENCES templates (name) ON DELETE CASCADE,
+    -- 0 is the bottom of the stack.
+    position     INTEGER NOT NULL CHECK (position >= 0),
+    diff_id      TEXT    NOT NULL REFERENCES layers (diff_id) ON DELETE RESTRICT,
+    PRIMARY KEY (template, position)
+) STRICT;
+
+CREATE INDEX template_layers_by_layer ON template_layers (diff_id);
+
+CREATE TABLE sandbox_layers (
+    sandbox_id   TEXT    NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+    diff_id      TEXT    NOT NULL REFERENCES layers (diff_id) ON DELETE RESTRICT,
+    PRIMARY KEY (sandbox_id, diff_id)
+) STRICT;
+
+CREATE INDEX sandbox_layers_by_layer ON sandbox_layers (diff_id);
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

@@ -168,6 +168,9 @@ pub struct NewSandbox {
     pub expires_at: i64,
     /// What teardown must release, if already planned; must be JSON.
     pub resources_json: Option<String>,
+    /// The layers it runs on (by diff_id; each must be recorded), kept
+    /// while it is not dead.
+    pub layers: Vec<String>,
 }
 
 /// Which sandboxes [`crate::Store::list_sandboxes`] returns, and which page.

@@ -23,6 +23,7 @@ fn sandbox(id: &str, owner: &str, created_at: i64) -> NewSandbox {
         created_at,
         expires_at: created_at + 300_000,
         resources_json: None,
+        layers: Vec::new(),
     }
 }
 

@@ -278,6 +278,20 @@ impl Api {
         read_json(&what, response).map(drop)
     }
 
+    /// `POST path?query` with a streamed raw body → the answer body as a
+    /// stream (an NDJSON answer read as it comes).
+    pub fn post_stream(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: impl AsSendBody,
+    ) -> Result<BodyReader<'static>, ClientError> {
+        let what = format!("POST {path}");
+        let request = self.post(path, query).content_type("application/x-tar");
+        let response = self.check(&what, request.send(body))?;
+        Ok(response.into_body().into_reader())
+    }
+
     /// `PUT path?query` with a streamed raw body → the JSON answer.
     pub fn put(
         &self,

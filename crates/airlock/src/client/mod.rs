@@ -1,6 +1,6 @@
 //! The CLI commands that drive a running daemon (`airlock serve`) through its
 //! native API (`docs/api.md`): `create`, `ls`, `status`, `exec`, `cp`,
-//! `files`, `kill` and `logs`.
+//! `files`, `kill`, `logs`, `network`, `template` and `gc`.
 //!
 //! Layout:
 //! - `mod.rs`: the [`ClientCommand`] enum (flattened into the binary's
@@ -13,6 +13,7 @@
 //! - `exec.rs`: `exec`: the NDJSON event stream, stdin and signal forwarding,
 //!   exit codes as `airlock run` has them.
 //! - `files.rs`: `cp` and `files`.
+//! - `templates.rs`: `template import|ls|inspect|rm` and `gc`.
 //! - `format.rs`: pure helpers: tables, ages, sizes, RFC 3339 times, `K=V`.
 //!
 //! Everything is synchronous: one connection at a time, plus a thread each
@@ -27,6 +28,7 @@ mod files;
 mod format;
 mod http;
 mod sandboxes;
+mod templates;
 #[cfg(test)]
 mod testing;
 
@@ -61,6 +63,12 @@ pub enum ClientCommand {
     /// Show a sandbox's network policy, or replace it while it runs
     /// (`--net open`, `--allow RULE`...; new connections follow at once).
     Network(sandboxes::NetworkArgs),
+    /// Import, list, inspect and remove templates.
+    #[command(subcommand)]
+    Template(templates::TemplateCommand),
+    /// Remove the layers no template or live sandbox uses, and what
+    /// half-done imports left.
+    Gc(templates::GcArgs),
 }
 
 /// Runs one client command; the exit code to leave with.
@@ -75,6 +83,8 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Kill(args) => sandboxes::kill(&args),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
         ClientCommand::Network(args) => sandboxes::network(&args),
+        ClientCommand::Template(command) => templates::main(&command),
+        ClientCommand::Gc(args) => templates::gc(&args),
     };
     match result {
         Ok(code) => code,

@@ -2,6 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod daemon;
+pub mod images;
 pub mod net;
 
 use serde_json::Value;

@@ -36,7 +36,6 @@ use crate::auth::{self, Caller};
 use crate::error::ApiError;
 use crate::{Api, RequestId};
 use airlock_core::DeadReason;
-use airlock_daemon::sandboxes::NewSandboxRequest;
 use airlock_daemon::DaemonError;
 use airlock_store::{KeyRow, SandboxRow};
 use axum::body::Bytes;
@@ -281,20 +280,7 @@ async fn create_v2(
 
 /// Whether `name` is a template registered with the daemon.
 fn is_registered(api: &Api, name: &str) -> bool {
-    let valid = !name.is_empty()
-        && name.len() <= 64
-        && !name.starts_with('.')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-    valid
-        && api
-            .daemon
-            .config()
-            .data_dir
-            .join("templates")
-            .join(name)
-            .is_dir()
+    api.daemon.resolve_template(name).is_ok()
 }
 
 /// Whether a template name is one of the code interpreter's.
@@ -335,22 +321,15 @@ async fn create(
         config.max_timeout.as_secs(),
         config.e2b_internet,
     )?;
-    let (spec, _, metadata) = native
-        .into_spec(&api.daemon)
-        .map_err(E2bError::bad_request)?;
-    let created = api
-        .daemon
-        .create(
-            &key,
-            NewSandboxRequest {
-                spec,
-                // Recorded as the client named it: `templateID` reads back.
-                template_name: name,
-                metadata,
-            },
-            &request_id.0,
-        )
-        .await?;
+    let mut request = native
+        .into_request(&api.daemon)
+        .map_err(|e| match e.status {
+            StatusCode::NOT_FOUND => E2bError::new(StatusCode::NOT_FOUND, e.message),
+            _ => E2bError::bad_request(e.message),
+        })?;
+    // Recorded as the client named it: `templateID` reads back.
+    request.template_name = name;
+    let created = api.daemon.create(&key, request, &request_id.0).await?;
     if interpreter {
         // The code interpreter's templates: its default Python context is
         // started now, off the create path, so the first `run_code` finds

@@ -1,0 +1,276 @@
+//! `airlock template import | ls | inspect | rm` and `airlock gc`: the
+//! daemon's templates and its layer store.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, IsTerminal};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::format::{
+    format_size, format_utc, parse_rfc3339, percent_encode as percent_path, Table,
+};
+use super::http::Connection;
+
+/// `airlock template ...`.
+#[derive(Subcommand)]
+pub enum TemplateCommand {
+    /// Import an image archive (`docker save` output, or an OCI image
+    /// layout packed in a tar) as a template.
+    Import(ImportArgs),
+    /// List templates.
+    Ls(LsArgs),
+    /// Show one template: its digest, layers and start configuration.
+    Inspect(InspectArgs),
+    /// Remove a template (its layers go once nothing uses them).
+    Rm(RmArgs),
+}
+
+#[derive(Args)]
+pub struct ImportArgs {
+    /// The archive.
+    file: PathBuf,
+    /// The template's name [default: the archive's file name without
+    /// `.tar`].
+    #[arg(long, short = 't', value_name = "NAME")]
+    name: Option<String>,
+    /// Which image of an archive holding several (a tag it lists).
+    #[arg(long, value_name = "TAG")]
+    image: Option<String>,
+    /// Print the progress events and the template as JSON lines.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print the daemon's template views as a JSON array.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
+pub struct InspectArgs {
+    name: String,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
+pub struct RmArgs {
+    #[arg(required = true)]
+    names: Vec<String>,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+/// `airlock gc`.
+#[derive(Args)]
+pub struct GcArgs {
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
+    match command {
+        TemplateCommand::Import(args) => import(args),
+        TemplateCommand::Ls(args) => ls(args),
+        TemplateCommand::Inspect(args) => inspect(args),
+        TemplateCommand::Rm(args) => rm(args),
+    }
+}
+
+fn import(args: &ImportArgs) -> Result<ExitCode> {
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => args
+            .file
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".tar").to_owned())
+            .filter(|n| !n.is_empty())
+            .context("name the template with --name")?,
+    };
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("cannot open {}", args.file.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let api = args.conn.api()?;
+    let people = !args.json && std::io::stderr().is_terminal();
+    let bar = if people {
+        let bar = ProgressBar::new(size);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{msg:20} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_message("uploading");
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut query = Vec::new();
+    if let Some(image) = &args.image {
+        query.push(("image", image.as_str()));
+    }
+    let body = bar.wrap_read(file);
+    let answer = api.post_stream(
+        &format!("/v1/templates/{}/import", percent_path(&name)),
+        &query,
+        ureq::SendBody::from_owned_reader(body),
+    )?;
+    let mut template = None;
+    for line in BufReader::new(answer).lines() {
+        let line = line.context("the daemon's answer was cut off")?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        if args.json {
+            println!("{line}");
+        }
+        let event: Value =
+            serde_json::from_str(&line).context("the daemon's answer is not JSON")?;
+        match event["type"].as_str() {
+            Some("received") => {
+                bar.set_style(
+                    ProgressStyle::with_template("{spinner} {msg}")
+                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+                );
+                bar.set_message("received; reading the archive");
+                bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            }
+            Some("unpacking") => bar.set_message(format!(
+                "unpacking layer {}/{} ({})",
+                event["layer"],
+                event["of"],
+                format_size(event["bytes"].as_u64().unwrap_or(0))
+            )),
+            Some("cached") => bar.set_message(format!(
+                "layer {}/{} is in the store already",
+                event["layer"], event["of"]
+            )),
+            Some("done") => template = Some(event["template"].clone()),
+            Some("error") => {
+                bar.finish_and_clear();
+                bail!(
+                    "the import failed: {}",
+                    event["message"].as_str().unwrap_or("(no message)")
+                );
+            }
+            _ => {}
+        }
+    }
+    bar.finish_and_clear();
+    let Some(template) = template else {
+        bail!("the daemon's answer ended before the import did");
+    };
+    if !args.json {
+        println!(
+            "{} {} ({} layers, {})",
+            template["name"].as_str().unwrap_or_default(),
+            template["digest"].as_str().unwrap_or_default(),
+            template["layers"].as_array().map_or(0, Vec::len),
+            format_size(template["bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ls(args: &LsArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let answer = api.get_json("/v1/templates", &[])?;
+    let items = answer["items"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&Value::Array(items))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&["NAME", "DIGEST", "LAYERS", "SIZE", "CREATED", "SOURCE"]);
+    for t in &items {
+        let digest = t["digest"].as_str().unwrap_or_default();
+        table.push(vec![
+            t["name"].as_str().unwrap_or_default().to_owned(),
+            digest.chars().take(19).collect(),
+            t["layers"].as_array().map_or(0, Vec::len).to_string(),
+            format_size(t["bytes"].as_u64().unwrap_or(0)),
+            t["created_at"]
+                .as_str()
+                .and_then(parse_rfc3339)
+                .map_or_else(String::new, format_utc),
+            t["source"].as_str().unwrap_or_default().to_owned(),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(args: &InspectArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let t = api.get_json(&format!("/v1/templates/{}", percent_path(&args.name)), &[])?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("name:     {}", t["name"].as_str().unwrap_or_default());
+    println!("digest:   {}", t["digest"].as_str().unwrap_or_default());
+    println!("source:   {}", t["source"].as_str().unwrap_or_default());
+    println!("created:  {}", t["created_at"].as_str().unwrap_or_default());
+    println!(
+        "size:     {}",
+        format_size(t["bytes"].as_u64().unwrap_or(0))
+    );
+    let config = &t["config"];
+    for (label, key) in [("workdir", "workdir"), ("user", "user")] {
+        if let Some(value) = config[key].as_str() {
+            println!("{label}:  {value}");
+        }
+    }
+    for (label, key) in [("entrypoint", "entrypoint"), ("cmd", "cmd"), ("env", "env")] {
+        if let Some(values) = config[key].as_array().filter(|v| !v.is_empty()) {
+            let words: Vec<&str> = values.iter().filter_map(Value::as_str).collect();
+            println!("{label}: {}", words.join(" "));
+        }
+    }
+    println!("layers (bottom first):");
+    for layer in t["layers"].as_array().into_iter().flatten() {
+        println!(
+            "  {}  {}",
+            layer["diff_id"].as_str().unwrap_or_default(),
+            format_size(layer["bytes"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rm(args: &RmArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    for name in &args.names {
+        api.delete(&format!("/v1/templates/{}", percent_path(name)), &[])?;
+        println!("{name}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn gc(args: &GcArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let answer = api.post_json("/v1/gc", &Value::Null)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&answer)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let layers = answer["layers"].as_array().map_or(0, Vec::len);
+    println!(
+        "removed {layers} unreferenced layers, {} abandoned imports, {} strays",
+        answer["abandoned"], answer["strays"]
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,355 @@
+//! Templates: named stacks of layers in the layer store
+//! (`<data-dir>/layers`), what a create's `"template": NAME` resolves to,
+//! and the collector that removes what nothing references.
+//!
+//! - `host` is the host's own /usr (no layers); it is always there.
+//! - A template imported (or, later, pulled or built) is a row of the
+//!   store naming its layers by `diff_id`; `NAME@sha256:<hex>` pins the
+//!   digest of its image configuration.
+//! - A directory `<data-dir>/templates/NAME` prepared by hand is a template
+//!   of one layer (the first way airlock had; it stays).
+//!
+//! A sandbox records the layers it runs on at create, so removing its
+//! template while it runs leaves them in place; the collector removes a
+//! layer once no template stacks it and no sandbox that is not dead runs
+//! on it, and sweeps what the store holds but no record names (the
+//! half-unpacked layers of an import killed half-way).
+
+use crate::{Daemon, DaemonError};
+use airlock_layers::{ImageConfig, ImportProgress, LayerStore};
+use airlock_policy::{SandboxSpec, Template};
+use airlock_store::{NewTemplate, TemplateRow};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// The name that is the host's own system.
+pub const HOST: &str = "host";
+/// The default template of e2b's SDKs: `host` until one is stored.
+pub const BASE: &str = "base";
+
+/// What a template name gives a create.
+#[derive(Debug, Clone)]
+pub struct ResolvedTemplate {
+    /// The root filesystem.
+    pub template: Template,
+    /// The layers (by diff_id) the sandbox runs on, to record.
+    pub layers: Vec<String>,
+    /// How its processes start by default.
+    pub config: ImageConfig,
+}
+
+/// What [`Daemon::collect_garbage`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Collected {
+    /// Layers no template or live sandbox referenced.
+    pub layers: Vec<String>,
+    /// Abandoned entries of the store's staging area (imports killed
+    /// half-way).
+    pub abandoned: usize,
+    /// Entries under the store's layers that no record named.
+    pub strays: usize,
+}
+
+/// Whether `name` may name a template: 1 to 128 of letters, digits and
+/// `._-:`, not starting with `.` or `-`, no `..`.
+pub fn is_template_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:".contains(&b))
+        && !name.starts_with(['.', '-'])
+        && !name.contains("..")
+        && !name.contains('@')
+}
+
+impl Daemon {
+    /// The layer store.
+    pub fn layer_store(&self) -> Result<LayerStore, DaemonError> {
+        LayerStore::open(self.config().data_dir.join("layers"))
+            .map_err(|e| DaemonError::Internal(format!("cannot open the layer store: {e}")))
+    }
+
+    /// Resolves a create's template name (see the module doc).
+    pub fn resolve_template(&self, name: &str) -> Result<ResolvedTemplate, DaemonError> {
+        if name == HOST {
+            return Ok(ResolvedTemplate {
+                template: Template::Host,
+                layers: Vec::new(),
+                config: ImageConfig::default(),
+            });
+        }
+        let (bare, pin) = match name.split_once('@') {
+            Some((bare, pin)) => (bare, Some(pin)),
+            None => (name, None),
+        };
+        let missing = || DaemonError::NotFound(format!("there is no template named {name:?}"));
+        if !is_template_name(bare) || pin.is_some_and(|p| !airlock_layers::is_sha256_digest(p)) {
+            return Err(DaemonError::BadInput(format!(
+                "template: {name:?} is not a template name (letters, digits and ._-:, optionally @sha256:<digest>)"
+            )));
+        }
+        if let Some(row) = self.with_store(|s| s.get_template(bare))? {
+            if pin.is_some_and(|pin| pin != row.digest) {
+                return Err(DaemonError::NotFound(format!(
+                    "template {bare:?} is {}, not {}",
+                    row.digest,
+                    pin.unwrap_or_default()
+                )));
+            }
+            let store = self.layer_store()?;
+            let mut paths = Vec::with_capacity(row.layers.len());
+            for diff_id in &row.layers {
+                match store.path_of(diff_id) {
+                    Some(path) if path.is_dir() => paths.push(path),
+                    _ => {
+                        return Err(DaemonError::Internal(format!(
+                            "template {bare:?} names layer {diff_id}, which is not in the store"
+                        )))
+                    }
+                }
+            }
+            let config = serde_json::from_value(row.config.clone()).unwrap_or_default();
+            return Ok(ResolvedTemplate {
+                template: Template::Layers { layers: paths },
+                layers: row.layers,
+                config,
+            });
+        }
+        let dir = self.config().data_dir.join("templates").join(bare);
+        if pin.is_none() && !bare.contains(':') && dir.is_dir() {
+            return Ok(ResolvedTemplate {
+                template: Template::Dir { path: dir },
+                layers: Vec::new(),
+                config: ImageConfig::default(),
+            });
+        }
+        if bare == BASE && pin.is_none() {
+            // Until a `base` template exists, `base` is the host's system.
+            return self.resolve_template(HOST);
+        }
+        Err(missing())
+    }
+
+    /// Applies a template's start configuration beneath a spec: its
+    /// environment under the spec's own, its working directory when the
+    /// spec names none.
+    pub fn apply_template_config(spec: &mut SandboxSpec, config: &ImageConfig) {
+        for entry in &config.env {
+            if let Some((key, value)) = entry.split_once('=') {
+                if !key.is_empty() && !spec.env.contains_key(key) {
+                    spec.env.insert(key.to_owned(), value.to_owned());
+                }
+            }
+        }
+        if spec.cwd.is_none() {
+            if let Some(dir) = config.workdir.as_ref().filter(|d| d.starts_with('/')) {
+                spec.cwd = Some(dir.clone());
+            }
+        }
+    }
+
+    /// Every template (the host one is not listed).
+    pub fn templates(&self) -> Result<Vec<TemplateRow>, DaemonError> {
+        Ok(self.with_store(|s| s.templates())?)
+    }
+
+    /// The template `name`.
+    pub fn template(&self, name: &str) -> Result<TemplateRow, DaemonError> {
+        self.with_store(|s| s.get_template(name))?
+            .ok_or_else(|| DaemonError::NotFound(format!("there is no template named {name:?}")))
+    }
+
+    /// Removes the template `name`; its layers go at the next collection
+    /// once nothing else references them.
+    pub fn delete_template(&self, name: &str) -> Result<(), DaemonError> {
+        if name == HOST {
+            return Err(DaemonError::Conflict(
+                "the host template is built in and cannot be removed".into(),
+            ));
+        }
+        match self.with_store(|s| s.delete_template(name)) {
+            Ok(()) => Ok(()),
+            Err(airlock_store::StoreError::NotFound { .. }) => Err(DaemonError::NotFound(format!(
+                "there is no template named {name:?}"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Imports the image in the archive at `archive` (docker-save or OCI
+    /// layout) as template `name`, replacing one of that name. Blocking:
+    /// call it from a blocking thread.
+    pub fn import_template(
+        &self,
+        name: &str,
+        archive: &Path,
+        image: Option<&str>,
+        progress: &mut dyn FnMut(ImportProgress),
+    ) -> Result<TemplateRow, DaemonError> {
+        if name == HOST || !is_template_name(name) {
+            return Err(DaemonError::BadInput(format!(
+                "{name:?} cannot name a template: use 1 to 128 letters, digits and ._-: (not `host`)"
+            )));
+        }
+        let store = self.layer_store()?;
+        // Shared with other imports and creates, exclusive of a collection:
+        // between committing a layer to the store and recording it, the
+        // collector must not take it for a stray.
+        let _using = self
+            .inner
+            .layers_lock
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let recorded: HashSet<String> = self
+            .with_store(|s| s.layers())?
+            .into_iter()
+            .map(|l| l.diff_id)
+            .collect();
+        let imported = airlock_layers::import(
+            archive,
+            image,
+            &store,
+            &|diff_id| recorded.contains(diff_id),
+            &airlock_layers::unpack::UnpackLimits::default(),
+            progress,
+        )
+        .map_err(|e| match e {
+            airlock_layers::ImportError::Read(_) | airlock_layers::ImportError::Store(_) => {
+                DaemonError::Internal(format!("importing {name}: {}", error_chain(&e)))
+            }
+            other => DaemonError::BadInput(error_chain(&other)),
+        })?;
+        let config = serde_json::to_value(&imported.config)
+            .map_err(|e| DaemonError::Internal(format!("cannot encode an image config: {e}")))?;
+        let layers: Vec<String> = imported.layers.iter().map(|l| l.diff_id.clone()).collect();
+        self.with_store(|s| {
+            for layer in &imported.layers {
+                let (bytes, entries) = layer
+                    .unpacked
+                    .as_ref()
+                    .map_or((0, 0), |u| (u.bytes, u.entries));
+                s.record_layer(&layer.diff_id, bytes, entries)?;
+            }
+            s.put_template(&NewTemplate {
+                name: name.to_owned(),
+                digest: imported.digest.clone(),
+                source: format!(
+                    "archive {}",
+                    archive
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+                ),
+                config,
+                layers,
+            })
+        })
+        .map_err(DaemonError::from)
+    }
+
+    /// Removes every layer nothing references, and whatever the layer
+    /// store holds that no record names. Blocking.
+    pub fn collect_garbage(&self) -> Result<Collected, DaemonError> {
+        let store = self.layer_store()?;
+        let _collecting = self
+            .inner
+            .layers_lock
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut collected = Collected::default();
+        let swept = store
+            .sweep()
+            .map_err(|e| DaemonError::Internal(format!("sweeping the layer store: {e}")))?;
+        collected.abandoned = swept.abandoned;
+        collected.strays = swept.strays;
+        for diff_id in self.with_store(|s| s.unreferenced_layers())? {
+            // The record goes first only if still unreferenced (a create
+            // may have taken the layer meanwhile), then the files.
+            if self.with_store(|s| s.forget_layer(&diff_id))? {
+                store
+                    .remove(&diff_id)
+                    .map_err(|e| DaemonError::Internal(format!("removing {diff_id}: {e}")))?;
+                collected.layers.push(diff_id);
+            }
+        }
+        // Layers on disk that no record names (a crash between unpacking
+        // and recording).
+        let recorded: HashSet<String> = self
+            .with_store(|s| s.layers())?
+            .into_iter()
+            .map(|l| l.diff_id)
+            .collect();
+        let on_disk = store
+            .layers()
+            .map_err(|e| DaemonError::Internal(format!("listing the layer store: {e}")))?;
+        for diff_id in on_disk {
+            if !recorded.contains(&diff_id) {
+                store
+                    .remove(&diff_id)
+                    .map_err(|e| DaemonError::Internal(format!("removing {diff_id}: {e}")))?;
+                collected.strays += 1;
+            }
+        }
+        Ok(collected)
+    }
+
+    /// Entries of the layer store that no record names and no process is
+    /// working on: layers on disk the store does not record, abandoned
+    /// staging entries. 0 unless something leaked (a metric; tests check it
+    /// after every run).
+    pub fn unowned_store_entries(&self) -> usize {
+        let Ok(store) = self.layer_store() else {
+            return 0;
+        };
+        // Not while an import is between committing and recording a layer.
+        let Ok(_quiet) = self.inner.layers_lock.try_write() else {
+            return 0;
+        };
+        let Ok(recorded) = self.with_store(|s| s.layers()) else {
+            return 0;
+        };
+        let recorded: HashSet<String> = recorded.into_iter().map(|l| l.diff_id).collect();
+        let unrecorded = store.layers().map_or(0, |layers| {
+            layers.iter().filter(|l| !recorded.contains(*l)).count()
+        });
+        unrecorded + store.abandoned().unwrap_or(0)
+    }
+
+    /// Collects now and then every `every`, for the daemon's life.
+    pub async fn run_collector(self, every: std::time::Duration) {
+        loop {
+            let daemon = self.clone();
+            match tokio::task::spawn_blocking(move || daemon.collect_garbage()).await {
+                Ok(Ok(collected)) if collected != Collected::default() => tracing::info!(
+                    layers = collected.layers.len(),
+                    abandoned = collected.abandoned,
+                    strays = collected.strays,
+                    "collected the layer store"
+                ),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!("collecting the layer store: {e}"),
+                Err(e) => tracing::error!("the layer collector failed: {e}"),
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// The paths of the layers of a resolved template, for checks.
+    pub fn template_paths(template: &Template) -> Vec<PathBuf> {
+        match template {
+            Template::Layers { layers } => layers.clone(),
+            Template::Dir { path } => vec![path.clone()],
+            Template::Host => Vec::new(),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
