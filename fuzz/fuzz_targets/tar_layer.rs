@@ -24,7 +24,11 @@ fuzz_target!(|input: &[u8]| {
     };
     let result = unpack_layer(input, &into, &limits);
 
-    assert_eq!(fs::read_dir(&canary).expect("canary").count(), 0, "made in the canary");
+    assert_eq!(
+        fs::read_dir(&canary).expect("canary").count(),
+        0,
+        "made in the canary"
+    );
     let mut beside: Vec<_> = fs::read_dir(work.path())
         .expect("work dir")
         .map(|e| e.expect("an entry").file_name())
@@ -57,7 +61,10 @@ fn check_tree(root: &Path) {
                 );
             }
             assert_eq!(meta.mode() & 0o6000, 0, "a set-id bit: {path:?}");
-            assert!(meta.uid() < 65536 && meta.gid() < 65536, "an unmappable id: {path:?}");
+            assert!(
+                meta.uid() < 65536 && meta.gid() < 65536,
+                "an unmappable id: {path:?}"
+            );
         }
     }
 }
