@@ -125,6 +125,9 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
         disk_bytes: parse_size(&args.disk).map_err(err)?,
         nofile: args.nofile,
         output_bytes: parse_size(&args.output_limit).map_err(err)?,
+        // A one-shot sandbox keeps its writable layer in memory: there is
+        // no daemon's disk store to put it in.
+        layer: airlock_policy::LayerBacking::Memory,
     };
     let timeout = parse_duration(&args.timeout).map_err(err)?;
     let mut env = BTreeMap::new();

@@ -68,6 +68,15 @@ pub struct ServeArgs {
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
+    /// Where sandboxes' writable layers live: `disk` (a quota per sandbox
+    /// on the disk store) or `memory` (a tmpfs counted against the
+    /// sandbox's memory limit).
+    #[arg(long, value_enum, default_value_t = WritableLayers::Disk)]
+    writable_layers: WritableLayers,
+    /// Size of the disk store's image when the data directory is not
+    /// btrfs (a sparse file: it takes what the layers hold).
+    #[arg(long, default_value = "64G", value_parser = parse_size)]
+    disk_store_size: u64,
     /// How often unreferenced layers and abandoned imports are collected
     /// (also once at start).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
@@ -225,9 +234,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let exe = std::env::current_exe().context("cannot find the airlock binary")?;
     let tag = instance_tag(&data_dir)?;
-    let backend = ProcessBackend::new(exe.clone(), tag.clone());
+    let mut backend = ProcessBackend::new(exe.clone(), tag.clone());
     backend.probe()?;
     let mut config = Config::new(data_dir.clone());
+    if args.writable_layers == WritableLayers::Disk {
+        let disk = airlock_jail::disk::DiskStore::open(&data_dir, args.disk_store_size)
+            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))
+            .context(
+                "cannot set up the disk store for sandboxes' writable layers (install btrfs-progs, or serve with --writable-layers memory)",
+            )?;
+        config.disk_store = Some(disk.root().to_owned());
+        backend = backend.with_disk(disk);
+    }
     config.admission = AdmissionLimits {
         max_live_total: args.max_live,
         max_live_per_key: args.max_live_per_key,
@@ -472,4 +490,11 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// `--writable-layers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritableLayers {
+    Disk,
+    Memory,
 }

@@ -122,6 +122,10 @@ pub struct SuperviseArgs {
     /// setup.
     #[arg(long)]
     network: bool,
+    /// The disk store (set up by the daemon) in which a spec's writable
+    /// layer on disk is made.
+    #[arg(long)]
+    disk: Option<PathBuf>,
 }
 
 fn answer(value: serde_json::Value) {
@@ -183,7 +187,14 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
             Err(e) => return fail(crate::run::error_chain(&e), false),
         }
     };
-    let mut jail = match Jail::launch_prepared(prepared, &spec, &runtime_dir, args.id.clone()) {
+    let disk = args.disk.as_ref().map(airlock_jail::disk::DiskStore::at);
+    let mut jail = match Jail::launch_prepared(
+        prepared,
+        &spec,
+        &runtime_dir,
+        args.id.clone(),
+        disk.as_ref(),
+    ) {
         Ok(jail) => jail,
         Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
     };

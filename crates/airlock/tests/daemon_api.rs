@@ -551,10 +551,10 @@ fn a_directory_of_100000_entries_lists_in_pages_and_through_the_cli() {
 }
 
 #[test]
-fn an_upload_larger_than_memory_answers_507_and_the_sandbox_lives() {
-    // 256M of memory and the default disk limit (1G): the writable layer is
-    // memory, so it must end well inside the memory limit.
-    let daemon = TestDaemon::start(&[]);
+fn an_upload_larger_than_a_memory_layer_answers_507_and_the_sandbox_lives() {
+    // 256M of memory and the default disk limit (1G), with the writable
+    // layer in memory: it must end well inside the memory limit.
+    let daemon = TestDaemon::start(&["--writable-layers", "memory"]);
     let created = daemon.create(json!({"limits": {"memory": "256M"}}));
     let id = id_of(&created);
     assert_eq!(created["limits"]["disk_bytes"], 192 << 20, "{created}");
@@ -597,6 +597,57 @@ fn an_upload_larger_than_memory_answers_507_and_the_sandbox_lives() {
         "ls -A /home/user; echo more > /home/user/after.txt && cat /home/user/after.txt",
     );
     assert_eq!((out.as_str(), code), ("kept.txt\nmore\n", 0));
+}
+
+#[test]
+fn a_disk_layer_holds_more_than_memory_and_past_its_quota_answers_507() {
+    // The writable layer is on disk under a quota of `disk`: a sandbox of
+    // 64M of memory takes a 200M file (a layer in memory could hold 48M),
+    // and past the quota an upload answers 507 and the sandbox lives on.
+    let daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"limits": {"memory": "64M", "disk": "256M"}}));
+    let id = id_of(&created);
+    assert_eq!(created["limits"]["disk_bytes"], 256 << 20, "{created}");
+    let base = format!("/v1/sandboxes/{id}");
+    let key = daemon.key.clone();
+    let fits = daemon.call_streamed(
+        Some(&key),
+        "PUT",
+        &format!("{base}/files?path=/home/user/fits.bin"),
+        200 << 20,
+        &[("Content-Type", "application/octet-stream")],
+    );
+    assert_eq!(fits.status, 201, "{}", fits.text());
+    let big = daemon.call_streamed(
+        Some(&key),
+        "PUT",
+        &format!("{base}/files?path=/home/user/big.bin"),
+        100 << 20,
+        &[("Content-Type", "application/octet-stream")],
+    );
+    let got = daemon.call("GET", &base, None).json();
+    assert_eq!(
+        (got["state"].as_str(), big.status),
+        (Some("running"), 507),
+        "{got} {}",
+        big.text()
+    );
+    assert_eq!(big.code(), "insufficient_storage");
+    // Inside, a write past the quota fails as the kernel says; the files
+    // written before are whole.
+    let (out, code) = daemon.sh_out(
+        &id,
+        "head -c 104857600 /dev/zero > /home/user/more.bin 2>&1 || echo refused; \
+         rm -f /home/user/more.bin; ls -A /home/user; wc -c < /home/user/fits.bin",
+    );
+    assert!(out.contains("refused"), "{out}");
+    assert!(out.ends_with("fits.bin\n209715200\n"), "{out} ({code})");
+    // And the layer goes with the sandbox.
+    assert_eq!(daemon.call("DELETE", &base, None).status, 204);
+    assert!(
+        !daemon.data_dir().join("disk/sandboxes").join(&id).exists(),
+        "the writable layer of {id} is left"
+    );
 }
 
 #[test]

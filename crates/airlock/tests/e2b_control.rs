@@ -125,8 +125,8 @@ fn the_sdk_lifecycle_works_end_to_end() {
     assert_eq!(detail["cpuCount"], 1);
     assert_eq!(detail["memoryMB"], 512);
     assert_eq!(
-        detail["diskSizeMB"], 384,
-        "the writable layer: 3/4 of the 512M"
+        detail["diskSizeMB"], 1024,
+        "the writable layer: on disk, the default 1G quota"
     );
     assert_eq!(detail["envdVersion"], "0.5.7");
     let started = detail["startedAt"].as_str().unwrap().to_owned();

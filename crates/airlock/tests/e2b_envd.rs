@@ -443,9 +443,9 @@ fn a_killed_sandbox_ends_a_running_command_with_an_error() {
 #[test]
 fn an_upload_past_the_disk_answers_507_as_envd_and_the_sandbox_lives() {
     let daemon = TestDaemon::start(&[]);
-    // 256M of memory and the default disk limit: the writable layer ends
-    // well inside the memory limit.
-    let created = daemon.create(json!({"limits": {"memory": "256M"}, "timeout_s": 120}));
+    // A writable layer of 128M: the 300M upload cannot fit.
+    let created =
+        daemon.create(json!({"limits": {"memory": "256M", "disk": "128M"}, "timeout_s": 120}));
     let sbx = Sandbox {
         daemon: &daemon,
         id: created["id"].as_str().unwrap().to_owned(),

@@ -60,6 +60,9 @@ pub struct Config {
     /// Host directories under which API clients may bind-mount paths; empty
     /// Largest image archive an import takes, bytes.
     pub max_image_bytes: u64,
+    /// The disk store writable layers are made in (`airlock_jail::disk`);
+    /// `None` keeps them in memory.
+    pub disk_store: Option<PathBuf>,
     /// means no host mounts from the API.
     pub mount_roots: Vec<PathBuf>,
     /// What this machine has, for refusing limits beyond it.
@@ -122,6 +125,7 @@ impl Config {
             admission: AdmissionLimits::default(),
             max_upload_bytes: 1 << 30,
             max_image_bytes: 16 << 30,
+            disk_store: None,
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
             egress_hosts: Vec::new(),

@@ -143,6 +143,19 @@ impl Daemon {
                 )));
             }
         }
+        if let (airlock_policy::LayerBacking::Disk, Some(store)) =
+            (spec.limits.layer, &self.config().disk_store)
+        {
+            let size = rustix::fs::statvfs(store.as_path())
+                .map(|s| s.f_blocks.saturating_mul(s.f_frsize))
+                .unwrap_or(u64::MAX);
+            if spec.limits.disk_bytes > size {
+                return Err(DaemonError::BadInput(format!(
+                    "limits.disk: {} bytes is more than the disk store holds ({size} bytes)",
+                    spec.limits.disk_bytes
+                )));
+            }
+        }
         let registered = match &spec.template {
             Template::Host => true,
             Template::Dir { path } => path.starts_with(self.config().data_dir.join("templates")),
@@ -167,6 +180,10 @@ impl Daemon {
         request: NewSandboxRequest,
         request_id: &str,
     ) -> Result<Created, DaemonError> {
+        let mut request = request;
+        if self.config().disk_store.is_some() {
+            request.spec.limits.layer = airlock_policy::LayerBacking::Disk;
+        }
         if let Err(e) = self.check_request(&request.spec) {
             self.inner.audit.record(
                 Stream::Security,

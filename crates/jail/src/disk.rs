@@ -34,6 +34,8 @@ const SNAP_DESTROY: u64 = 0x5000_940F;
 const QGROUP_LIMIT: u64 = 0x8030_942B;
 /// `BTRFS_QGROUP_LIMIT_MAX_RFER`.
 const LIMIT_MAX_RFER: u64 = 1;
+/// Tries of a removal that finds the layer still mounted (50 ms apart).
+const BUSY_TRIES: u32 = 40;
 /// `BTRFS_SUPER_MAGIC`, `statfs(2)`'s `f_type` of btrfs.
 const BTRFS_MAGIC: i64 = 0x9123_683E;
 
@@ -245,13 +247,24 @@ impl DiskStore {
             name: [0; 4088],
         };
         args.name[..id.len()].copy_from_slice(id.as_bytes());
-        // SAFETY: as in `create`: a live `struct btrfs_ioctl_vol_args` with
-        // a NUL-terminated name, on the directory `parent`.
-        let removed = unsafe { libc::ioctl(parent.as_raw_fd(), SNAP_DESTROY as _, &args) };
-        if removed == 0 {
-            return Ok(());
-        }
-        let source = io::Error::last_os_error();
+        let mut busy = 0;
+        let source = loop {
+            // SAFETY: as in `create`: a live `struct btrfs_ioctl_vol_args`
+            // with a NUL-terminated name, on the directory `parent`.
+            let removed = unsafe { libc::ioctl(parent.as_raw_fd(), SNAP_DESTROY as _, &args) };
+            if removed == 0 {
+                return Ok(());
+            }
+            let error = io::Error::last_os_error();
+            // Still mounted in the namespace of a sandbox whose last
+            // process is just gone: the kernel lets go of it shortly.
+            if error.raw_os_error() == Some(libc::EBUSY) && busy < BUSY_TRIES {
+                busy += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+            break error;
+        };
         match source.raw_os_error() {
             Some(libc::ENOENT) => Ok(()),
             // Not a subvolume (made by hand, or a half-made layer): a

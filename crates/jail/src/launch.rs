@@ -18,11 +18,12 @@
 //! namespace and vanish with its last process.
 
 use crate::cgroup::{CgroupError, CgroupLayout, CgroupLimits, CgroupStats, SandboxCgroup};
+use crate::disk::DiskStore;
 use crate::kernel::{raw_mount, HostSources, RootDir};
 use crate::rootfs::{self, HostEntry, HostFacts, NodeKind, RootfsPlan, SHARED_ETC, SYSTEM_ENTRIES};
 use crate::runtime::{RuntimeDir, RuntimeError, Slot, SlotRecord, UIDS_PER_SANDBOX};
 use crate::{landlock as ll, seccomp};
-use airlock_policy::{SandboxSpec, SpecError, Template};
+use airlock_policy::{LayerBacking, SandboxSpec, SpecError, Template};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -42,6 +43,10 @@ pub enum LaunchError {
     TemplatePathUnsupported(PathBuf),
     #[error("mount source {0} does not exist")]
     MountSourceMissing(PathBuf),
+    #[error("the sandbox's writable layer is to be on disk, but no disk store was given")]
+    NoDiskStore,
+    #[error(transparent)]
+    Disk(#[from] crate::disk::DiskError),
     #[error("`{0}` is not a sandbox id (sbx- and 1 to 32 lowercase hex digits)")]
     BadId(String),
     #[error(
@@ -90,6 +95,8 @@ pub struct Jail {
     id: String,
     init_pid: i32,
     cgroup: SandboxCgroup,
+    /// The disk store holding its writable layer, if on disk.
+    disk: Option<DiskStore>,
     slot: Option<Slot>,
     channel: Option<UnixStream>,
     reaped: bool,
@@ -110,6 +117,9 @@ struct ChildContext<'a> {
     /// `layer_channel`, bottom first, as idmapped mounts.
     layers: usize,
     layer_channel: Option<OwnedFd>,
+    /// The writable layer on disk (a directory of the disk store, owned by
+    /// the sandbox's root) bound on the stage; `None` for a tmpfs.
+    upper: Option<&'a Path>,
     disk_bytes: u64,
     go_read: OwnedFd,
     cgroup_read: OwnedFd,
@@ -141,7 +151,7 @@ impl Jail {
         id: String,
     ) -> Result<Jail, LaunchError> {
         let prepared = Jail::prepare(runtime)?;
-        Jail::launch_prepared(prepared, spec, runtime, id)
+        Jail::launch_prepared(prepared, spec, runtime, id, None)
     }
 
     /// The part of a launch that does not depend on the spec: checks,
@@ -163,11 +173,14 @@ impl Jail {
     }
 
     /// [`Jail::launch_named`] from the work [`Jail::prepare`] did.
+    /// A spec whose writable layer is on disk needs `disk`, the store it
+    /// is made in.
     pub fn launch_prepared(
         prepared: Prepared,
         spec: &SandboxSpec,
         runtime: &RuntimeDir,
         id: String,
+        disk: Option<&DiskStore>,
     ) -> Result<Jail, LaunchError> {
         if !is_sandbox_id(&id) {
             return Err(LaunchError::BadId(id));
@@ -221,17 +234,36 @@ impl Jail {
                 return Err(e.into());
             }
         };
+        let disk = match spec.limits.layer {
+            LayerBacking::Memory => None,
+            LayerBacking::Disk => match disk {
+                Some(disk) => Some(disk.clone()),
+                None => {
+                    slot.release();
+                    return Err(LaunchError::NoDiskStore);
+                }
+            },
+        };
         let mut jail = Jail {
             id,
             init_pid: 0,
             cgroup,
+            disk: None,
             slot: Some(slot),
             channel: None,
             reaped: true,
             torn_down: false,
         };
         // On any error below, dropping `jail` tears down what exists so far.
-        jail.start(spec, &rootfs, runtime, program)?;
+        let upper = match &disk {
+            Some(store) => {
+                let owner = jail.slot.as_ref().map_or(0, Slot::host_uid_base);
+                jail.disk = Some(store.clone());
+                Some(store.create(&jail.id, spec.limits.disk_bytes, owner)?)
+            }
+            None => None,
+        };
+        jail.start(spec, &rootfs, runtime, program, upper.as_deref())?;
         Ok(jail)
     }
 
@@ -241,6 +273,7 @@ impl Jail {
         rootfs: &RootfsPlan,
         runtime: &RuntimeDir,
         seccomp: seccompiler::BpfProgram,
+        upper: Option<&Path>,
     ) -> Result<(), LaunchError> {
         let (host_end, agent_end) =
             UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
@@ -278,6 +311,7 @@ impl Jail {
             template_dir,
             layers: layers.len(),
             layer_channel: layers_child,
+            upper,
             disk_bytes: spec.limits.writable_layer_bytes(),
             go_read,
             cgroup_read,
@@ -434,6 +468,9 @@ impl Jail {
         }
         self.cgroup.kill_all(Duration::from_secs(10))?;
         self.cgroup.remove()?;
+        if let Some(disk) = &self.disk {
+            disk.remove(&self.id)?;
+        }
         if let Some(slot) = self.slot.take() {
             slot.release();
         }
@@ -691,6 +728,9 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
     if let Some(template) = context.template_dir {
         host_paths.push(template);
     }
+    if let Some(upper) = context.upper {
+        host_paths.push(upper);
+    }
     let sources = step("open host paths", HostSources::open(host_paths))?;
     let layers = match &context.layer_channel {
         Some(channel) => receive_layers(channel, context.layers)?,
@@ -722,16 +762,37 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None),
     )?;
     let stage = context.stage.to_string_lossy().into_owned();
-    step(
-        "mount the writable layer",
-        raw_mount(
-            Some("airlock"),
-            &stage,
-            Some("tmpfs"),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&format!("size={},mode=0755", context.disk_bytes)),
-        ),
-    )?;
+    match context.upper {
+        None => step(
+            "mount the writable layer",
+            raw_mount(
+                Some("airlock"),
+                &stage,
+                Some("tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(&format!("size={},mode=0755", context.disk_bytes)),
+            ),
+        )?,
+        Some(upper) => {
+            let source = sources
+                .link(upper)
+                .ok_or("the writable layer was not opened")?;
+            step(
+                "bind the writable layer",
+                raw_mount(Some(&source), &stage, None, libc::MS_BIND, None),
+            )?;
+            step(
+                "harden the writable layer",
+                raw_mount(
+                    None,
+                    &stage,
+                    None,
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                    None,
+                ),
+            )?;
+        }
+    }
     let new_root = match context.template_dir {
         None if !layers.is_empty() => {
             for dir in ["upper", "work", "root", "lower"] {

@@ -107,8 +107,8 @@ pub enum Tier {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Memory cgroup limit, bytes. The writable layer is memory-backed and
-    /// counts against it.
+    /// Memory cgroup limit, bytes. A writable layer in memory counts
+    /// against it.
     pub memory_bytes: u64,
     /// CPU quota in thousandths of a CPU.
     pub cpu_millis: u32,
@@ -121,6 +121,21 @@ pub struct Limits {
     pub nofile: u64,
     /// Per-exec output cap per stream, bytes.
     pub output_bytes: u64,
+    /// Where the writable layer lives.
+    pub layer: LayerBacking,
+}
+
+/// Where a sandbox's writable layer lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerBacking {
+    /// A tmpfs: memory, counted against the sandbox's memory limit (what
+    /// `airlock run` and a daemon without a disk store use).
+    #[default]
+    Memory,
+    /// A subvolume of the daemon's disk store under a quota of
+    /// `disk_bytes` (`airlock_jail::disk`).
+    Disk,
 }
 
 impl Default for Limits {
@@ -132,6 +147,7 @@ impl Default for Limits {
             disk_bytes: DEFAULT_DISK_BYTES,
             nofile: DEFAULT_NOFILE,
             output_bytes: DEFAULT_OUTPUT_BYTES,
+            layer: LayerBacking::Memory,
         }
     }
 }
@@ -330,13 +346,19 @@ impl SandboxSpec {
 }
 
 impl Limits {
-    /// The size the writable layer gets: `disk_bytes`, but at most three
-    /// quarters of `memory_bytes` ([`LAYER_MEMORY_QUARTERS`]), because the
-    /// layer is memory counted against the sandbox's own limit. Writes past
-    /// it fail with ENOSPC and the sandbox lives on.
+    /// The size the writable layer gets: `disk_bytes` on disk; in memory
+    /// at most three quarters of `memory_bytes` ([`LAYER_MEMORY_QUARTERS`]),
+    /// because the layer is memory counted against the sandbox's own limit.
+    /// Writes past it fail (ENOSPC, EDQUOT on disk) and the sandbox lives
+    /// on.
     pub fn writable_layer_bytes(&self) -> u64 {
-        let cap = self.memory_bytes / 4 * LAYER_MEMORY_QUARTERS;
-        self.disk_bytes.min(cap)
+        match self.layer {
+            LayerBacking::Disk => self.disk_bytes,
+            LayerBacking::Memory => {
+                let cap = self.memory_bytes / 4 * LAYER_MEMORY_QUARTERS;
+                self.disk_bytes.min(cap)
+            }
+        }
     }
 
     /// Checks each limit against its sane range.

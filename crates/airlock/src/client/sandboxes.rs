@@ -29,8 +29,9 @@ pub struct CreateArgs {
     /// Maximum number of processes and threads.
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
-    /// Size of the sandbox's writable layer, e.g. `1G`; at most three
-    /// quarters of the memory limit, since the layer is memory.
+    /// Size of the sandbox's writable layer, e.g. `1G`: a quota on the
+    /// daemon's disk store (or, on a daemon serving `--writable-layers
+    /// memory`, at most three quarters of the memory limit).
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     disk: Option<String>,
     /// Lifetime: the sandbox is deleted this long after creation (`300s`,

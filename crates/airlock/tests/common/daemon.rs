@@ -446,6 +446,15 @@ impl Drop for TestDaemon {
             }
             let _ = child.wait();
         }
+        // The disk store of this daemon's data directory (a loop mount)
+        // goes with it; detached, since a sandbox left running on purpose
+        // may still hold its layer.
+        let disk = self.data_dir.join("disk");
+        if std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|m| m.contains(&format!(" {} ", disk.display())))
+        {
+            let _ = Command::new("umount").arg("-l").arg(&disk).status();
+        }
     }
 }
 

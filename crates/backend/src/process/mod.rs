@@ -22,6 +22,7 @@ use crate::{
     Reconciled, Resources, Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
+use airlock_jail::disk::DiskStore;
 use airlock_jail::runtime::RuntimeDir;
 use airlock_policy::{SandboxSpec, Tier};
 use airlock_protocol::AgentClient;
@@ -64,6 +65,8 @@ pub struct ProcessBackend {
     spares: Arc<Mutex<Spares>>,
     /// Spares handed out by `reserve_id`, waiting for their `create`.
     reserved: Mutex<HashMap<String, Spare>>,
+    /// The disk store of writable layers on disk, if the daemon has one.
+    disk: Option<DiskStore>,
 }
 
 impl ProcessBackend {
@@ -79,7 +82,15 @@ impl ProcessBackend {
             supervisors: Mutex::new(HashMap::new()),
             spares: Arc::new(Mutex::new(Spares::default())),
             reserved: Mutex::new(HashMap::new()),
+            disk: None,
         }
+    }
+
+    /// Makes writable layers on disk in `disk` (the supervisors are told
+    /// where it is); without one, specs asking for that fail to launch.
+    pub fn with_disk(mut self, disk: DiskStore) -> ProcessBackend {
+        self.disk = Some(disk);
+        self
     }
 
     /// Starts the next spare supervisor of `kind` in the background, if
@@ -90,6 +101,7 @@ impl ProcessBackend {
             self.owner.clone(),
             Arc::clone(&self.spares),
         );
+        let disk = self.disk.as_ref().map(|d| d.root().to_owned());
         let id = airlock_jail::launch::new_sandbox_id();
         let socket = self.socket_of(&id);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -101,7 +113,8 @@ impl ProcessBackend {
             if lock(&spares).slot(kind).is_some() {
                 return;
             }
-            let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind) else {
+            let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind, disk.as_deref())
+            else {
                 return;
             };
             let spare = Spare { id, child };
@@ -220,6 +233,11 @@ impl ProcessBackend {
                 if cgroup.remove().is_err() {
                     left.push("its cgroup");
                 }
+            }
+        }
+        if let Some(disk) = &self.disk {
+            if disk.remove(id).is_err() {
+                left.push("its writable layer");
             }
         }
         for file in deadline::files_of(&self.socket_of(id)) {
@@ -347,12 +365,16 @@ fn spawn_supervisor(
     id: &str,
     socket: &Path,
     kind: SpareKind,
+    disk: Option<&Path>,
 ) -> Result<std::process::Child, CreateError> {
     let mut command = Command::new(exe);
     if kind == SpareKind::Networked {
         command.arg("supervise").arg("--network");
     } else {
         command.arg("supervise");
+    }
+    if let Some(disk) = disk {
+        command.arg("--disk").arg(disk);
     }
     command
         .arg("--id")
@@ -568,6 +590,7 @@ impl Backend for ProcessBackend {
             id.to_owned(),
             socket.clone(),
         );
+        let disk = self.disk.as_ref().map(|d| d.root().to_owned());
         // A supervisor started now is a plain one: with network, it sets up
         // the namespace while the sandbox launches, which beats doing that
         // first.
@@ -576,13 +599,27 @@ impl Backend for ProcessBackend {
                 Some(spare) => match launch_with(spare.child, &spec_json) {
                     // A spare that died while it waited: start a fresh one.
                     Err(CreateError::Failed(_)) => launch_with(
-                        spawn_supervisor(&exe, &owner, &owned_id, &owned_socket, SpareKind::Plain)?,
+                        spawn_supervisor(
+                            &exe,
+                            &owner,
+                            &owned_id,
+                            &owned_socket,
+                            SpareKind::Plain,
+                            disk.as_deref(),
+                        )?,
                         &spec_json,
                     ),
                     other => other,
                 },
                 None => launch_with(
-                    spawn_supervisor(&exe, &owner, &owned_id, &owned_socket, SpareKind::Plain)?,
+                    spawn_supervisor(
+                        &exe,
+                        &owner,
+                        &owned_id,
+                        &owned_socket,
+                        SpareKind::Plain,
+                        disk.as_deref(),
+                    )?,
                     &spec_json,
                 ),
             }
@@ -741,6 +778,21 @@ impl Backend for ProcessBackend {
                 }
             }
         }
+        // Writable layers on disk of sandboxes that are neither kept nor
+        // running (a supervisor killed before its teardown).
+        if let Some(disk) = self.disk.clone() {
+            let live: HashSet<String> = self
+                .runtime
+                .live_records()
+                .into_iter()
+                .map(|r| r.id)
+                .collect();
+            for id in disk.ids() {
+                if !keep.contains(&id) && !live.contains(&id) && disk.remove(&id).is_ok() {
+                    reconciled.removed.push(id);
+                }
+            }
+        }
         reconciled.removed.sort();
         reconciled.removed.dedup();
         reconciled
@@ -762,6 +814,13 @@ impl Backend for ProcessBackend {
             .into_iter()
             .filter(|id| !keep.contains(id) && !live.iter().any(|r| &r.id == id))
             .count();
-        ours + orphans
+        // Writable layers nobody holds a slot for.
+        let layers = self.disk.as_ref().map_or(0, |disk| {
+            disk.ids()
+                .iter()
+                .filter(|id| !keep.contains(*id) && !live.iter().any(|r| &r.id == *id))
+                .count()
+        });
+        ours + orphans + layers
     }
 }
