@@ -180,7 +180,7 @@ pub async fn delete_template(
 /// `done` with the template or `error`.
 #[utoipa::path(post, path = "/v1/templates/{name}/import", tag = "templates",
     params(("name" = String, Path, description = "Template name"), ImportParams),
-    request_body(content = String, content_type = "application/x-tar", description = "The archive"),
+    request_body(content = String, content_type = "application/octet-stream", description = "The archive: a tar (docker save output, or an OCI image layout)"),
     responses(
         (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = ImportEvent),
         (status = 400, description = "Bad name", body = ErrorBody),
