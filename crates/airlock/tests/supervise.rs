@@ -177,6 +177,14 @@ async fn sandbox_outlives_a_dropped_connection_and_sigterm_tears_it_down() {
     );
     assert!(wait_gone(sup.init_pid, Duration::from_secs(5)));
     assert_no_leftovers(&sup.id);
+    // How it ended, left for a daemon that will never read it (this test
+    // has none): removed, or every run would leave one behind.
+    let ending = format!("/run/airlock/sockets/{}.ended", sup.id);
+    assert!(
+        std::path::Path::new(&ending).exists(),
+        "{ending} was not written"
+    );
+    std::fs::remove_file(&ending).unwrap();
 }
 
 #[test]
