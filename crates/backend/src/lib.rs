@@ -228,3 +228,16 @@ pub trait Backend: Send + Sync + 'static {
     /// (for the leaked-resource gauge; must stay 0).
     fn leaked(&self, keep: &HashSet<String>) -> usize;
 }
+
+/// The error and its causes in one line (`a: b: c`), for logs and for
+/// messages that carry a failure on.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

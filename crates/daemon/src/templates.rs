@@ -215,9 +215,12 @@ impl Daemon {
         )
         .map_err(|e| match e {
             airlock_layers::ImportError::Read(_) | airlock_layers::ImportError::Store(_) => {
-                DaemonError::Internal(format!("importing {name}: {}", error_chain(&e)))
+                DaemonError::Internal(format!(
+                    "importing {name}: {}",
+                    airlock_backend::error_chain(&e)
+                ))
             }
-            other => DaemonError::BadInput(error_chain(&other)),
+            other => DaemonError::BadInput(airlock_backend::error_chain(&other)),
         })?;
         let config = serde_json::to_value(&imported.config)
             .map_err(|e| DaemonError::Internal(format!("cannot encode an image config: {e}")))?;
@@ -341,15 +344,4 @@ impl Daemon {
             Template::Host => Vec::new(),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

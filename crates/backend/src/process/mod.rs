@@ -444,18 +444,6 @@ enum ConnectError {
     Greeting(#[source] ClientError),
 }
 
-/// The error and its causes, for a log line.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
     let stream = UnixStream::connect(socket)
         .await
@@ -595,33 +583,23 @@ impl Backend for ProcessBackend {
         // the namespace while the sandbox launches, which beats doing that
         // first.
         let (pid, pidfd) = tokio::task::spawn_blocking(move || {
+            let fresh = || {
+                spawn_supervisor(
+                    &exe,
+                    &owner,
+                    &owned_id,
+                    &owned_socket,
+                    SpareKind::Plain,
+                    disk.as_deref(),
+                )
+            };
             match spare {
                 Some(spare) => match launch_with(spare.child, &spec_json) {
                     // A spare that died while it waited: start a fresh one.
-                    Err(CreateError::Failed(_)) => launch_with(
-                        spawn_supervisor(
-                            &exe,
-                            &owner,
-                            &owned_id,
-                            &owned_socket,
-                            SpareKind::Plain,
-                            disk.as_deref(),
-                        )?,
-                        &spec_json,
-                    ),
+                    Err(CreateError::Failed(_)) => launch_with(fresh()?, &spec_json),
                     other => other,
                 },
-                None => launch_with(
-                    spawn_supervisor(
-                        &exe,
-                        &owner,
-                        &owned_id,
-                        &owned_socket,
-                        SpareKind::Plain,
-                        disk.as_deref(),
-                    )?,
-                    &spec_json,
-                ),
+                None => launch_with(fresh()?, &spec_json),
             }
         })
         .await
@@ -641,7 +619,7 @@ impl Backend for ProcessBackend {
             }),
             Err(e) => {
                 let _ = self.destroy(id, Some(&resources)).await;
-                Err(CreateError::Failed(chain(&e)))
+                Err(CreateError::Failed(crate::error_chain(&e)))
             }
         }
     }
@@ -679,7 +657,7 @@ impl Backend for ProcessBackend {
                 | ClientError::Version(_)
                 | ClientError::Greeting(_)),
             )) => Err(AdoptError::Incompatible(e)),
-            Err(e) => Err(AdoptError::Unreachable(chain(&e))),
+            Err(e) => Err(AdoptError::Unreachable(crate::error_chain(&e))),
         }
     }
 
