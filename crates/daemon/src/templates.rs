@@ -20,7 +20,7 @@ use airlock_layers::{ImageConfig, ImportProgress, LayerStore};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_store::{NewTemplate, TemplateRow};
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The name that is the host's own system.
 pub const HOST: &str = "host";
@@ -333,15 +333,6 @@ impl Daemon {
                 Err(e) => tracing::error!("the layer collector failed: {e}"),
             }
             tokio::time::sleep(every).await;
-        }
-    }
-
-    /// The paths of the layers of a resolved template, for checks.
-    pub fn template_paths(template: &Template) -> Vec<PathBuf> {
-        match template {
-            Template::Layers { layers } => layers.clone(),
-            Template::Dir { path } => vec![path.clone()],
-            Template::Host => Vec::new(),
         }
     }
 }
