@@ -81,9 +81,28 @@ pub struct ServeArgs {
     /// (also once at start).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     gc_interval: Duration,
-    /// Largest image archive `airlock template import` may send (e.g. 16G).
+    /// Largest image `airlock template import` may send, or a pull may
+    /// fetch (its compressed layers), e.g. 16G.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
     max_image: u64,
+    /// A registry (`HOST[:PORT]`) or a repository prefix on one
+    /// (`HOST[:PORT]/ORG`) that `template pull` and e2b `from_image` may
+    /// pull from, over HTTPS (repeatable). None by default: pulls are
+    /// refused.
+    #[arg(long = "registry", value_name = "HOST[:PORT][/PREFIX]")]
+    registry: Vec<airlock_registry::Allowed>,
+    /// A registry reached over plain HTTP, e.g. one on loopback
+    /// (repeatable); it is allowed too.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    insecure_registry: Vec<airlock_registry::Allowed>,
+    /// Registry credentials: a file as `docker login` or `skopeo login`
+    /// writes it (`{"auths": {HOST: {"auth": BASE64}}}`).
+    #[arg(long, value_name = "FILE")]
+    registry_auth: Option<PathBuf>,
+    /// A cosign public key (PEM, as `cosign generate-key-pair` writes
+    /// cosign.pub): every pulled image must carry a signature by it.
+    #[arg(long, value_name = "FILE")]
+    image_signing_key: Option<PathBuf>,
     /// Host directory under which API clients may bind-mount paths
     /// (repeatable). None by default.
     #[arg(long = "allow-mount", value_name = "DIR")]
@@ -142,6 +161,23 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// Creates `dir` (and parents) and makes it private.
+/// The registries pulls may use, from the flags.
+fn registries(args: &ServeArgs) -> anyhow::Result<airlock_registry::Registries> {
+    let mut registries =
+        airlock_registry::Registries::new(args.registry.clone(), args.insecure_registry.clone());
+    if let Some(path) = &args.registry_auth {
+        let credentials = airlock_registry::read_auth_file(path)
+            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+        registries = registries.with_credentials(credentials);
+    }
+    if let Some(path) = &args.image_signing_key {
+        let trust = airlock_registry::Trust::from_file(path)
+            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+        registries = registries.with_trust(trust);
+    }
+    Ok(registries)
+}
+
 fn private_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
@@ -255,6 +291,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_timeout = args.default_timeout;
     config.max_upload_bytes = args.max_upload;
     config.max_image_bytes = args.max_image;
+    config.registries = std::sync::Arc::new(registries(&args)?);
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;

@@ -311,6 +311,11 @@ fn watch_bomb(limit: u64, stop: &std::sync::atomic::AtomicBool) -> BombWatch {
     use std::sync::atomic::Ordering;
     let mut watch = BombWatch::default();
     let mut cgroup: Option<std::path::PathBuf> = None;
+    // The launcher joins the cgroup before it starts the sandbox's pid
+    // namespace: a process still in the host's is not the sandbox's.
+    let host_ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|ns| ns.to_string_lossy().into_owned())
+        .unwrap();
     while !stop.load(Ordering::SeqCst) {
         if cgroup.is_none() {
             cgroup = pids_cgroups().into_iter().find(|dir| {
@@ -333,7 +338,8 @@ fn watch_bomb(limit: u64, stop: &std::sync::atomic::AtomicBool) -> BombWatch {
                     .ok()
                     .and_then(|procs| procs.lines().next().map(str::to_owned))
                     .and_then(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok())
-                    .map(|ns| ns.to_string_lossy().into_owned());
+                    .map(|ns| ns.to_string_lossy().into_owned())
+                    .filter(|ns| *ns != host_ns);
             }
             if let Some(ns) = &watch.pid_ns {
                 let count = host_pid_namespaces()

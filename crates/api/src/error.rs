@@ -90,6 +90,9 @@ impl From<DaemonError> for ApiError {
             DaemonError::TooLarge(_) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }
+            DaemonError::Upstream(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "upstream_failed", message)
+            }
             DaemonError::InSandbox(_) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "sandbox_io_error",

@@ -181,6 +181,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(templates::list_templates))
         .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(templates::import_template))
+        .routes(routes!(templates::pull_template))
         .routes(routes!(templates::collect_garbage))
         .routes(routes!(metrics))
         .routes(routes!(healthz))

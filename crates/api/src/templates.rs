@@ -1,5 +1,6 @@
 //! `/v1/templates` and `/v1/gc`: templates as the native API shows them,
-//! importing an image archive, removing a template, collecting layers.
+//! importing an image archive, pulling an image from a registry, removing
+//! a template, collecting layers.
 //!
 //! Every key may list and read templates (they are the machine's, not a
 //! tenant's); importing, removing and collecting need an admin key.
@@ -10,6 +11,7 @@ use crate::types::rfc3339;
 use crate::Api;
 use airlock_daemon::templates::Collected;
 use airlock_layers::ImportProgress;
+use airlock_registry::PullProgress;
 use airlock_store::TemplateRow;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -71,12 +73,30 @@ pub struct CollectedView {
     pub strays: usize,
 }
 
-/// One line of an import's NDJSON answer.
+/// One line of an import's or a pull's NDJSON answer.
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum ImportEvent {
-    /// The archive arrived whole.
+pub enum TemplateEvent {
+    /// The archive arrived whole (import).
     Received { bytes: u64 },
+    /// The image's manifest is read: `layers` layers, of which those not
+    /// in the store already (each reported `cached` before this) are
+    /// `bytes` compressed bytes to fetch (pull).
+    Resolved {
+        manifest_digest: String,
+        layers: usize,
+        bytes: u64,
+    },
+    /// Layer `layer` (from 1) of `of` has arrived up to `bytes` of `total`
+    /// (pull).
+    Downloading {
+        layer: usize,
+        of: usize,
+        bytes: u64,
+        total: u64,
+    },
+    /// Layer `layer` of `of` is whole, checked and in the store (pull).
+    Unpacked { layer: usize, of: usize },
     /// Layer `layer` (from 1) of `of` is being unpacked.
     Unpacking { layer: usize, of: usize, bytes: u64 },
     /// Layer `layer` of `of` was in the store already.
@@ -85,6 +105,15 @@ pub enum ImportEvent {
     Done { template: TemplateView },
     /// The import failed; nothing was recorded.
     Error { code: String, message: String },
+}
+
+/// Body of `POST /v1/templates/{name}/pull`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// `HOST[:PORT]/REPOSITORY[:TAG][@sha256:DIGEST]`, in a registry the
+    /// daemon is configured to pull from.
+    pub image: String,
 }
 
 /// Query of `POST /v1/templates/{name}/import`.
@@ -182,7 +211,7 @@ pub async fn delete_template(
     params(("name" = String, Path, description = "Template name"), ImportParams),
     request_body(content = String, content_type = "application/octet-stream", description = "The archive: a tar (docker save output, or an OCI image layout)"),
     responses(
-        (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = ImportEvent),
+        (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = TemplateEvent),
         (status = 400, description = "Bad name", body = ErrorBody),
         (status = 403, description = "Not an admin key", body = ErrorBody),
         (status = 413, description = "Over the image size limit", body = ErrorBody),
@@ -241,8 +270,8 @@ pub async fn import_template(
     }
     drop(file);
 
-    let (events, receiver) = tokio::sync::mpsc::channel::<ImportEvent>(64);
-    let _ = events.try_send(ImportEvent::Received { bytes: received });
+    let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
+    let _ = events.try_send(TemplateEvent::Received { bytes: received });
     let daemon = api.daemon.clone();
     tokio::task::spawn_blocking(move || {
         let progress_events = events.clone();
@@ -252,12 +281,12 @@ pub async fn import_template(
                     position,
                     of,
                     bytes,
-                } => ImportEvent::Unpacking {
+                } => TemplateEvent::Unpacking {
                     layer: position + 1,
                     of,
                     bytes,
                 },
-                ImportProgress::Cached { position, of } => ImportEvent::Cached {
+                ImportProgress::Cached { position, of } => TemplateEvent::Cached {
                     layer: position + 1,
                     of,
                 },
@@ -267,33 +296,124 @@ pub async fn import_template(
         let imported =
             daemon.import_template(&name, &archive_path, params.image.as_deref(), &mut progress);
         drop(staging);
-        let last = match imported {
-            Ok(row) => ImportEvent::Done {
-                template: view(&Api { daemon }, row),
-            },
-            Err(e) => {
-                let error = ApiError::from(e);
-                ImportEvent::Error {
-                    code: error.code.to_owned(),
-                    message: error.message,
-                }
-            }
-        };
-        let _ = events.blocking_send(last);
+        let _ = events.blocking_send(outcome(Api { daemon }, imported));
     });
+    Ok(ndjson(receiver))
+}
+
+/// The events from `receiver`, one JSON document a line.
+fn ndjson(receiver: tokio::sync::mpsc::Receiver<TemplateEvent>) -> Response {
     let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap_or_default();
         line.push(b'\n');
         Ok::<Bytes, Infallible>(Bytes::from(line))
     });
-    Ok((
+    (
         [
             (header::CONTENT_TYPE, "application/x-ndjson"),
             (header::CACHE_CONTROL, "no-store"),
         ],
         Body::from_stream(lines),
     )
-        .into_response())
+        .into_response()
+}
+
+/// The last event of an import or a pull.
+fn outcome(
+    api: Api,
+    result: std::result::Result<TemplateRow, airlock_daemon::DaemonError>,
+) -> TemplateEvent {
+    match result {
+        Ok(row) => TemplateEvent::Done {
+            template: view(&api, row),
+        },
+        Err(e) => {
+            let error = ApiError::from(e);
+            TemplateEvent::Error {
+                code: error.code.to_owned(),
+                message: error.message,
+            }
+        }
+    }
+}
+
+/// Pulls an image from a registry the daemon is configured to pull from
+/// as template `name` (admin), replacing one of that name. The answer is
+/// NDJSON: `resolved`, then `cached` or `downloading`.../`unpacked` per
+/// layer, then `done` with the template or `error` (a refused registry is
+/// `forbidden`, an unknown image `not_found`, a registry that fails
+/// `upstream_failed`).
+#[utoipa::path(post, path = "/v1/templates/{name}/pull", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    request_body = PullRequest,
+    responses(
+        (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = TemplateEvent),
+        (status = 400, description = "Bad name or image reference", body = ErrorBody),
+        (status = 403, description = "Not an admin key, or a registry this daemon does not pull from", body = ErrorBody),
+    ))]
+pub async fn pull_template(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: std::result::Result<Json<PullRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response> {
+    caller.admin()?;
+    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    airlock_daemon::templates::check_new_template_name(&name)?;
+    let reference: airlock_registry::ImageRef = request
+        .image
+        .parse()
+        .map_err(|e: airlock_registry::ReferenceError| ApiError::bad_request(e.to_string()))?;
+    // A refused registry is refused before the answer starts streaming.
+    api.daemon
+        .config()
+        .registries
+        .check_allowed(&reference)
+        .map_err(|e| ApiError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string()))?;
+    let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
+    let progress_events = events.clone();
+    let progress = std::sync::Arc::new(move |p: PullProgress| {
+        let event = match p {
+            PullProgress::Resolved {
+                manifest_digest,
+                layers,
+                bytes,
+            } => TemplateEvent::Resolved {
+                manifest_digest,
+                layers,
+                bytes,
+            },
+            PullProgress::Cached { position, of } => TemplateEvent::Cached {
+                layer: position + 1,
+                of,
+            },
+            PullProgress::Downloading {
+                position,
+                of,
+                bytes,
+                total,
+            } => TemplateEvent::Downloading {
+                layer: position + 1,
+                of,
+                bytes,
+                total,
+            },
+            PullProgress::Unpacked { position, of } => TemplateEvent::Unpacked {
+                layer: position + 1,
+                of,
+            },
+        };
+        // A full channel (a slow reader) drops progress, never the result.
+        let _ = progress_events.try_send(event);
+    });
+    let daemon = api.daemon.clone();
+    // The pull goes on if the client goes away: what it brought in is
+    // recorded (or, on failure, removed) either way.
+    tokio::spawn(async move {
+        let pulled = daemon.pull_template(&name, &request.image, progress).await;
+        let _ = events.send(outcome(Api { daemon }, pulled)).await;
+    });
+    Ok(ndjson(receiver))
 }
 
 /// Removes every layer that no template and no live sandbox references,

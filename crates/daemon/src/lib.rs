@@ -57,12 +57,16 @@ pub struct Config {
     pub admission: AdmissionLimits,
     /// Largest file upload, bytes.
     pub max_upload_bytes: u64,
-    /// Host directories under which API clients may bind-mount paths; empty
-    /// Largest image archive an import takes, bytes.
+    /// Largest image an import or a pull takes (an import's archive, a
+    /// pull's compressed layers), bytes.
     pub max_image_bytes: u64,
+    /// The registries pulls may use, their credentials and the key their
+    /// images must be signed with (none: pulls are refused).
+    pub registries: std::sync::Arc<airlock_registry::Registries>,
     /// The disk store writable layers are made in (`airlock_jail::disk`);
     /// `None` keeps them in memory.
     pub disk_store: Option<PathBuf>,
+    /// Host directories under which API clients may bind-mount paths; empty
     /// means no host mounts from the API.
     pub mount_roots: Vec<PathBuf>,
     /// What this machine has, for refusing limits beyond it.
@@ -125,6 +129,7 @@ impl Config {
             admission: AdmissionLimits::default(),
             max_upload_bytes: 1 << 30,
             max_image_bytes: 16 << 30,
+            registries: std::sync::Arc::default(),
             disk_store: None,
             mount_roots: Vec::new(),
             capacity: Capacity::of_this_machine(),
@@ -159,6 +164,10 @@ pub enum DaemonError {
     /// Too large (413).
     #[error("{0}")]
     TooLarge(String),
+    /// A service the daemon relies on for the request (an image registry)
+    /// failed or cannot be reached (502); the message says which and how.
+    #[error("{0}")]
+    Upstream(String),
     /// The sandbox's disk is full (507).
     #[error("{0}")]
     NoSpace(String),
@@ -314,7 +323,9 @@ pub(crate) struct Inner {
     egress: airlock_egress::Egress,
     /// Taken shared by imports and creates while they bring layers in or
     /// record them, exclusive by the layer collector.
-    layers_lock: std::sync::RwLock<()>,
+    /// (A tokio lock: a pull holds it across its awaits, and a create
+    /// must not block a runtime thread while a collection runs.)
+    layers_lock: tokio::sync::RwLock<()>,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -427,7 +438,7 @@ impl Daemon {
                 metrics,
                 token_key,
                 egress,
-                layers_lock: std::sync::RwLock::new(()),
+                layers_lock: tokio::sync::RwLock::new(()),
             }),
         })
     }

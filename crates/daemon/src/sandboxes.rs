@@ -222,11 +222,7 @@ impl Daemon {
             .unwrap_or_else(|| "process".into());
         // The layers are recorded with the row, before a collection could
         // take them (the template may be removed while this one runs).
-        let layers_lock = self
-            .inner
-            .layers_lock
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let layers_lock = self.inner.layers_lock.read().await;
         let inserted = self.with_store(|s| {
             s.insert_sandbox(&NewSandbox {
                 id: id.clone(),

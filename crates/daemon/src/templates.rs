@@ -16,11 +16,13 @@
 //! half-unpacked layers of an import killed half-way).
 
 use crate::{Daemon, DaemonError};
-use airlock_layers::{ImageConfig, ImportProgress, LayerStore};
+use airlock_layers::{ImageConfig, ImportProgress, ImportedImage, LayerStore};
 use airlock_policy::{SandboxSpec, Template};
+use airlock_registry::{ImageRef, PullError, PullLimits, PullProgress};
 use airlock_store::{NewTemplate, TemplateRow};
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The name that is the host's own system.
 pub const HOST: &str = "host";
@@ -60,6 +62,36 @@ pub fn is_template_name(name: &str) -> bool {
         && !name.starts_with(['.', '-'])
         && !name.contains("..")
         && !name.contains('@')
+}
+
+/// Refuses a name a new template cannot have.
+pub fn check_new_template_name(name: &str) -> Result<(), DaemonError> {
+    if name == HOST || !is_template_name(name) {
+        return Err(DaemonError::BadInput(format!(
+            "{name:?} cannot name a template: use 1 to 128 letters, digits and ._-: (not `host`)"
+        )));
+    }
+    Ok(())
+}
+
+/// The daemon's error for a failed pull.
+fn pull_error(error: PullError) -> DaemonError {
+    let message = airlock_backend::error_chain(&error);
+    match error {
+        PullError::NoRegistries | PullError::NotAllowed { .. } | PullError::Signature(_) => {
+            DaemonError::Forbidden(message)
+        }
+        PullError::NotFound { .. } => DaemonError::NotFound(message),
+        PullError::TooLarge { .. } => DaemonError::TooLarge(message),
+        PullError::Unreachable { .. }
+        | PullError::Unauthorized { .. }
+        | PullError::Registry { .. }
+        | PullError::Transfer { .. } => DaemonError::Upstream(message),
+        PullError::BadImage { .. } | PullError::DigestMismatch { .. } | PullError::Layer { .. } => {
+            DaemonError::BadInput(message)
+        }
+        PullError::Store(_) => DaemonError::Internal(message),
+    }
 }
 
 impl Daemon {
@@ -186,25 +218,13 @@ impl Daemon {
         image: Option<&str>,
         progress: &mut dyn FnMut(ImportProgress),
     ) -> Result<TemplateRow, DaemonError> {
-        if name == HOST || !is_template_name(name) {
-            return Err(DaemonError::BadInput(format!(
-                "{name:?} cannot name a template: use 1 to 128 letters, digits and ._-: (not `host`)"
-            )));
-        }
+        check_new_template_name(name)?;
         let store = self.layer_store()?;
         // Shared with other imports and creates, exclusive of a collection:
         // between committing a layer to the store and recording it, the
         // collector must not take it for a stray.
-        let _using = self
-            .inner
-            .layers_lock
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        let recorded: HashSet<String> = self
-            .with_store(|s| s.layers())?
-            .into_iter()
-            .map(|l| l.diff_id)
-            .collect();
+        let _using = self.inner.layers_lock.blocking_read();
+        let recorded = self.recorded_layers()?;
         let imported = airlock_layers::import(
             archive,
             image,
@@ -222,11 +242,71 @@ impl Daemon {
             }
             other => DaemonError::BadInput(airlock_backend::error_chain(&other)),
         })?;
-        let config = serde_json::to_value(&imported.config)
+        let source = match imported.tags.as_slice() {
+            [] => "archive".to_owned(),
+            tags => format!("archive ({})", tags.join(", ")),
+        };
+        self.record_image(name, &imported, source)
+    }
+
+    /// Pulls `image` (a reference that names its registry) as template
+    /// `name`, replacing one of that name.
+    pub async fn pull_template(
+        &self,
+        name: &str,
+        image: &str,
+        progress: Arc<dyn Fn(PullProgress) + Send + Sync>,
+    ) -> Result<TemplateRow, DaemonError> {
+        check_new_template_name(name)?;
+        let reference: ImageRef = image
+            .parse()
+            .map_err(|e: airlock_registry::ReferenceError| DaemonError::BadInput(e.to_string()))?;
+        let registries = self.config().registries.clone();
+        // Refused before anything is locked or staged.
+        registries.check_allowed(&reference).map_err(pull_error)?;
+        let store = self.layer_store()?;
+        // As for an import: no collection between committing a layer and
+        // recording it.
+        let _using = self.inner.layers_lock.read().await;
+        let recorded = self.recorded_layers()?;
+        let limits = PullLimits {
+            max_image_bytes: self.config().max_image_bytes,
+            layer: airlock_layers::unpack::UnpackLimits::default(),
+        };
+        let pulled = registries
+            .pull(
+                &reference,
+                &store,
+                &|diff_id| recorded.contains(diff_id),
+                limits,
+                progress,
+            )
+            .await
+            .map_err(pull_error)?;
+        let source = format!("registry {reference} ({})", pulled.manifest_digest);
+        self.record_image(name, &pulled.image, source)
+    }
+
+    fn recorded_layers(&self) -> Result<HashSet<String>, DaemonError> {
+        Ok(self
+            .with_store(|s| s.layers())?
+            .into_iter()
+            .map(|l| l.diff_id)
+            .collect())
+    }
+
+    /// Records an image whose layers are in the store as template `name`.
+    fn record_image(
+        &self,
+        name: &str,
+        image: &ImportedImage,
+        source: String,
+    ) -> Result<TemplateRow, DaemonError> {
+        let config = serde_json::to_value(&image.config)
             .map_err(|e| DaemonError::Internal(format!("cannot encode an image config: {e}")))?;
-        let layers: Vec<String> = imported.layers.iter().map(|l| l.diff_id.clone()).collect();
+        let layers: Vec<String> = image.layers.iter().map(|l| l.diff_id.clone()).collect();
         self.with_store(|s| {
-            for layer in &imported.layers {
+            for layer in &image.layers {
                 let (bytes, entries) = layer
                     .unpacked
                     .as_ref()
@@ -235,13 +315,8 @@ impl Daemon {
             }
             s.put_template(&NewTemplate {
                 name: name.to_owned(),
-                digest: imported.digest.clone(),
-                source: format!(
-                    "archive {}",
-                    archive
-                        .file_name()
-                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-                ),
+                digest: image.digest.clone(),
+                source,
                 config,
                 layers,
             })
@@ -253,11 +328,7 @@ impl Daemon {
     /// store holds that no record names. Blocking.
     pub fn collect_garbage(&self) -> Result<Collected, DaemonError> {
         let store = self.layer_store()?;
-        let _collecting = self
-            .inner
-            .layers_lock
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let _collecting = self.inner.layers_lock.blocking_write();
         let mut collected = Collected::default();
         let swept = store
             .sweep()
@@ -276,11 +347,7 @@ impl Daemon {
         }
         // Layers on disk that no record names (a crash between unpacking
         // and recording).
-        let recorded: HashSet<String> = self
-            .with_store(|s| s.layers())?
-            .into_iter()
-            .map(|l| l.diff_id)
-            .collect();
+        let recorded = self.recorded_layers()?;
         let on_disk = store
             .layers()
             .map_err(|e| DaemonError::Internal(format!("listing the layer store: {e}")))?;

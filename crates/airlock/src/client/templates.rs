@@ -1,5 +1,5 @@
-//! `airlock template import | ls | inspect | rm` and `airlock gc`: the
-//! daemon's templates and its layer store.
+//! `airlock template import | pull | ls | inspect | rm` and `airlock gc`:
+//! the daemon's templates and its layer store.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -20,6 +20,9 @@ pub enum TemplateCommand {
     /// Import an image archive (`docker save` output, or an OCI image
     /// layout packed in a tar) as a template.
     Import(ImportArgs),
+    /// Pull an image from a registry the daemon is configured to pull from
+    /// (`airlock serve --registry`) as a template.
+    Pull(PullArgs),
     /// List templates.
     Ls(LsArgs),
     /// Show one template: its digest, layers and start configuration.
@@ -39,6 +42,21 @@ pub struct ImportArgs {
     /// Which image of an archive holding several (a tag it lists).
     #[arg(long, value_name = "TAG")]
     image: Option<String>,
+    /// Print the progress events and the template as JSON lines.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
+pub struct PullArgs {
+    /// `HOST[:PORT]/REPOSITORY[:TAG][@sha256:DIGEST]`.
+    image: String,
+    /// The template's name [default: the repository's last component, and
+    /// the tag unless it is `latest`].
+    #[arg(long, short = 't', value_name = "NAME")]
+    name: Option<String>,
     /// Print the progress events and the template as JSON lines.
     #[arg(long)]
     json: bool,
@@ -84,6 +102,7 @@ pub struct GcArgs {
 pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
     match command {
         TemplateCommand::Import(args) => import(args),
+        TemplateCommand::Pull(args) => pull(args),
         TemplateCommand::Ls(args) => ls(args),
         TemplateCommand::Inspect(args) => inspect(args),
         TemplateCommand::Rm(args) => rm(args),
@@ -129,41 +148,110 @@ fn import(args: &ImportArgs) -> Result<ExitCode> {
         &query,
         ureq::SendBody::from_owned_reader(body),
     )?;
+    let template = follow(answer, &bar, args.json, "import")?;
+    print_template(&template, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pull(args: &PullArgs) -> Result<ExitCode> {
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => default_name(&args.image).context("name the template with --name")?,
+    };
+    let api = args.conn.api()?;
+    let people = !args.json && std::io::stderr().is_terminal();
+    let bar = if people {
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(format!("resolving {}", args.image));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let answer = api
+        .post_json_response(
+            &format!("/v1/templates/{}/pull", percent_path(&name)),
+            &serde_json::json!({ "image": args.image }),
+        )?
+        .into_body()
+        .into_reader();
+    let template = follow(answer, &bar, args.json, "pull")?;
+    print_template(&template, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `template pull` names a template by default: the repository's
+/// last component, with the tag unless it is `latest` (the daemon checks
+/// the reference itself).
+fn default_name(image: &str) -> Option<String> {
+    let bare = image.split('@').next()?;
+    let last = bare.rsplit('/').next()?;
+    let name = match last.split_once(':') {
+        Some((repo, "latest")) => repo.to_owned(),
+        _ => last.to_owned(),
+    };
+    (!name.is_empty()).then_some(name)
+}
+
+/// Reads an import's or a pull's NDJSON events, showing them on `bar`
+/// (and printing them with `json`), to the template it ends with.
+fn follow(answer: impl std::io::Read, bar: &ProgressBar, json: bool, what: &str) -> Result<Value> {
+    let bytes_style =
+        ProgressStyle::with_template("{msg:28} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    let spinner_style = ProgressStyle::with_template("{spinner} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_spinner());
+    // Bytes each layer of a pull has brought so far.
+    let mut arrived: std::collections::BTreeMap<u64, u64> = Default::default();
     let mut template = None;
     for line in BufReader::new(answer).lines() {
         let line = line.context("the daemon's answer was cut off")?;
         if line.trim().is_empty() {
             continue;
         }
-        if args.json {
+        if json {
             println!("{line}");
         }
         let event: Value =
             serde_json::from_str(&line).context("the daemon's answer is not JSON")?;
+        let count = |key: &str| event[key].as_u64().unwrap_or(0);
         match event["type"].as_str() {
             Some("received") => {
-                bar.set_style(
-                    ProgressStyle::with_template("{spinner} {msg}")
-                        .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-                );
+                bar.set_style(spinner_style.clone());
                 bar.set_message("received; reading the archive");
                 bar.enable_steady_tick(std::time::Duration::from_millis(120));
             }
+            Some("resolved") => {
+                bar.set_style(bytes_style.clone());
+                bar.set_length(count("bytes"));
+                bar.set_position(0);
+                bar.set_message(format!("pulling {} layers", count("layers")));
+            }
+            Some("downloading") => {
+                arrived.insert(count("layer"), count("bytes"));
+                bar.set_position(arrived.values().sum());
+                bar.set_message(format!("layer {}/{}", count("layer"), count("of")));
+            }
+            Some("unpacked") => {
+                bar.set_message(format!("layer {}/{} unpacked", count("layer"), count("of")))
+            }
             Some("unpacking") => bar.set_message(format!(
                 "unpacking layer {}/{} ({})",
-                event["layer"],
-                event["of"],
-                format_size(event["bytes"].as_u64().unwrap_or(0))
+                count("layer"),
+                count("of"),
+                format_size(count("bytes"))
             )),
             Some("cached") => bar.set_message(format!(
                 "layer {}/{} is in the store already",
-                event["layer"], event["of"]
+                count("layer"),
+                count("of")
             )),
             Some("done") => template = Some(event["template"].clone()),
             Some("error") => {
                 bar.finish_and_clear();
                 bail!(
-                    "the import failed: {}",
+                    "the {what} failed: {}",
                     event["message"].as_str().unwrap_or("(no message)")
                 );
             }
@@ -171,10 +259,11 @@ fn import(args: &ImportArgs) -> Result<ExitCode> {
         }
     }
     bar.finish_and_clear();
-    let Some(template) = template else {
-        bail!("the daemon's answer ended before the import did");
-    };
-    if !args.json {
+    template.with_context(|| format!("the daemon's answer ended before the {what} did"))
+}
+
+fn print_template(template: &Value, json: bool) {
+    if !json {
         println!(
             "{} {} ({} layers, {})",
             template["name"].as_str().unwrap_or_default(),
@@ -183,7 +272,6 @@ fn import(args: &ImportArgs) -> Result<ExitCode> {
             format_size(template["bytes"].as_u64().unwrap_or(0))
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn ls(args: &LsArgs) -> Result<ExitCode> {

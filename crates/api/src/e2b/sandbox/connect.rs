@@ -173,7 +173,7 @@ impl From<DaemonError> for ConnectError {
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
             DaemonError::InSandbox(_) => Code::Unknown,
             DaemonError::Rejected(_) => Code::ResourceExhausted,
-            DaemonError::Reconnecting(_) => Code::Unavailable,
+            DaemonError::Reconnecting(_) | DaemonError::Upstream(_) => Code::Unavailable,
             DaemonError::Unavailable(_) => {
                 // Transient; the detail goes to the log only.
                 let api = ApiError::from(e);
