@@ -5,12 +5,15 @@
 //! - [`store`]: the directory of unpacked layers, named by `diff_id`, with
 //!   staging that a crash cannot leave half-done under a layer's name.
 //! - [`archive`]: images from `docker save` archives and OCI layouts.
+//! - [`sbom`]: a template's software bill of materials (CycloneDX 1.5):
+//!   the dpkg, apk, Python and npm packages of its merged layers.
 //!
 //! Which layers are referenced (by templates, by sandboxes) is the state
 //! database's business (`airlock-store`); this crate holds the files.
 #![forbid(unsafe_code)]
 
 pub mod archive;
+pub mod sbom;
 pub mod store;
 pub mod unpack;
 
