@@ -4,6 +4,7 @@
 pub mod daemon;
 pub mod images;
 pub mod net;
+pub mod registry;
 
 use serde_json::Value;
 use std::io::Write;
