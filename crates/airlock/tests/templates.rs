@@ -404,3 +404,76 @@ fn an_import_killed_half_way_leaves_nothing_after_the_restart() {
     }
     assert!(unowned(&daemon).ends_with(" 0"), "{}", unowned(&daemon));
 }
+
+#[test]
+fn a_templates_sbom_lists_the_packages_its_layers_hold() {
+    let daemon = TestDaemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let status = b"Package: tzdata\nStatus: install ok installed\nArchitecture: all\nVersion: 2024a-0+deb12u1\n\n\
+Package: removed\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersion: 1\n\n";
+    let layers = vec![
+        busybox_layer(),
+        layer(&[
+            Entry::Dir("var", 0o755, 0, 0),
+            Entry::Dir("var/lib", 0o755, 0, 0),
+            Entry::Dir("var/lib/dpkg", 0o755, 0, 0),
+            Entry::File("var/lib/dpkg/status", status, 0o644, 0, 0),
+            Entry::File(
+                "etc/os-release",
+                b"ID=debian\nVERSION_ID=\"12\"\n",
+                0o644,
+                0,
+                0,
+            ),
+            Entry::Dir("usr/lib/python3", 0o755, 0, 0),
+            Entry::Dir("usr/lib/python3/dist-packages", 0o755, 0, 0),
+            Entry::Dir(
+                "usr/lib/python3/dist-packages/Requests-2.28.1.dist-info",
+                0o755,
+                0,
+                0,
+            ),
+            Entry::File(
+                "usr/lib/python3/dist-packages/Requests-2.28.1.dist-info/METADATA",
+                b"Metadata-Version: 2.1\nName: Requests\nVersion: 2.28.1\n",
+                0o644,
+                0,
+                0,
+            ),
+        ]),
+    ];
+    let archive = write_archive(
+        dir.path(),
+        "pkgs.tar",
+        &docker_save(&layers, &image_config(&layers), "pkgs:1"),
+    );
+    import_ok(&daemon, &archive, "pkgs");
+    let answer = daemon.call("GET", "/v1/templates/pkgs/sbom", None);
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(
+        answer.content_type.as_deref(),
+        Some("application/vnd.cyclonedx+json")
+    );
+    let document = answer.json();
+    assert_eq!(document["bomFormat"], "CycloneDX");
+    let purls: Vec<&str> = document["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["purl"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        purls,
+        [
+            "pkg:deb/debian/tzdata@2024a-0%2Bdeb12u1?arch=all",
+            "pkg:pypi/requests@2.28.1"
+        ]
+    );
+    // The same template, the same document.
+    assert_eq!(
+        daemon.call("GET", "/v1/templates/pkgs/sbom", None).body,
+        answer.body
+    );
+    let missing = daemon.call("GET", "/v1/templates/nothing/sbom", None);
+    assert_eq!(missing.status, 404, "{}", missing.text());
+}

@@ -184,6 +184,34 @@ pub async fn get_template(
     Ok(Json(view(&api, row)))
 }
 
+/// The template's software bill of materials: a CycloneDX 1.5 JSON
+/// document of the dpkg, apk, Python and npm packages its layers hold
+/// (derived from the layers; the same template gives the same bytes).
+#[utoipa::path(get, path = "/v1/templates/{name}/sbom", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    responses(
+        (status = 200, description = "The CycloneDX document", content_type = "application/vnd.cyclonedx+json", body = Object),
+        (status = 404, description = "No such template", body = ErrorBody),
+    ))]
+pub async fn template_sbom(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Response> {
+    caller.key()?;
+    let daemon = api.daemon.clone();
+    let document = tokio::task::spawn_blocking(move || daemon.template_sbom(&name))
+        .await
+        .map_err(|e| {
+            airlock_daemon::DaemonError::Internal(format!("the SBOM task failed: {e}"))
+        })??;
+    Ok((
+        [(header::CONTENT_TYPE, "application/vnd.cyclonedx+json")],
+        document,
+    )
+        .into_response())
+}
+
 /// Removes a template (admin). Sandboxes running on it keep their layers;
 /// the collector removes them once nothing references them.
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates",

@@ -191,6 +191,35 @@ impl Daemon {
             .ok_or_else(|| DaemonError::NotFound(format!("there is no template named {name:?}")))
     }
 
+    /// The software bill of materials of template `name`: a CycloneDX
+    /// document of the packages its layers hold (see
+    /// [`airlock_layers::sbom`]), derived from the layers on each call (the
+    /// same layers give the same bytes). Blocking.
+    pub fn template_sbom(&self, name: &str) -> Result<Vec<u8>, DaemonError> {
+        let row = self.template(name)?;
+        let store = self.layer_store()?;
+        let mut paths = Vec::with_capacity(row.layers.len());
+        for diff_id in &row.layers {
+            paths.push(store.path_of(diff_id).ok_or_else(|| {
+                DaemonError::Internal(format!("template {name:?} names layer {diff_id:?}"))
+            })?);
+        }
+        let subject = airlock_layers::sbom::Subject {
+            name: row.name.clone(),
+            digest: row.digest.clone(),
+            layers: row.layers.clone(),
+        };
+        let document = airlock_layers::sbom::sbom(&paths, &subject).map_err(|e| {
+            DaemonError::Internal(format!(
+                "the SBOM of {name}: {}",
+                airlock_backend::error_chain(&e)
+            ))
+        })?;
+        document
+            .to_json()
+            .map_err(|e| DaemonError::Internal(format!("cannot encode an SBOM: {e}")))
+    }
+
     /// Removes the template `name`; its layers go at the next collection
     /// once nothing else references them.
     pub fn delete_template(&self, name: &str) -> Result<(), DaemonError> {

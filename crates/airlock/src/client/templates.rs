@@ -29,6 +29,9 @@ pub enum TemplateCommand {
     Inspect(InspectArgs),
     /// Remove a template (its layers go once nothing uses them).
     Rm(RmArgs),
+    /// Print a template's software bill of materials (CycloneDX JSON: the
+    /// dpkg, apk, Python and npm packages its layers hold).
+    Sbom(SbomArgs),
 }
 
 #[derive(Args)]
@@ -83,6 +86,16 @@ pub struct InspectArgs {
 }
 
 #[derive(Args)]
+pub struct SbomArgs {
+    name: String,
+    /// Write the document to FILE instead of standard output.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
 pub struct RmArgs {
     #[arg(required = true)]
     names: Vec<String>,
@@ -106,6 +119,7 @@ pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
         TemplateCommand::Ls(args) => ls(args),
         TemplateCommand::Inspect(args) => inspect(args),
         TemplateCommand::Rm(args) => rm(args),
+        TemplateCommand::Sbom(args) => sbom(args),
     }
 }
 
@@ -335,6 +349,21 @@ fn inspect(args: &InspectArgs) -> Result<ExitCode> {
             layer["diff_id"].as_str().unwrap_or_default(),
             format_size(layer["bytes"].as_u64().unwrap_or(0))
         );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn sbom(args: &SbomArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let document = api.get_json(
+        &format!("/v1/templates/{}/sbom", percent_path(&args.name)),
+        &[],
+    )?;
+    let text = serde_json::to_string_pretty(&document)?;
+    match &args.output {
+        Some(path) => std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => println!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }
