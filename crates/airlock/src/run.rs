@@ -24,7 +24,8 @@ use tokio::io::AsyncReadExt;
 #[derive(Args)]
 pub struct RunArgs {
     /// Root filesystem: `host` (read-only host /usr, /bin, /lib*, generated
-    /// /etc) or a directory holding a root filesystem.
+    /// /etc) or a directory holding a root filesystem (read-only beneath a
+    /// private writable layer; its files keep their owners).
     #[arg(long, default_value = "host", value_name = "host|DIR")]
     template: String,
     /// Memory limit (the writable layer counts against it).
@@ -114,8 +115,10 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
     let err = |e: airlock_policy::ParseError| e.to_string();
     let template = match args.template.as_str() {
         "host" => Template::Host,
-        dir => Template::Dir {
-            path: std::path::absolute(dir).map_err(|e| format!("template `{dir}`: {e}"))?,
+        // A directory is one read-only layer, its files owned inside as
+        // they are on disk (an idmapped mount: root's files are root's).
+        dir => Template::Layers {
+            layers: vec![std::path::absolute(dir).map_err(|e| format!("template `{dir}`: {e}"))?],
         },
     };
     let limits = Limits {

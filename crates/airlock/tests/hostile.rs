@@ -27,14 +27,56 @@ fn agent_environment_and_host_environment_are_unreadable() {
     assert_eq!(stdout(&value), "denied\n0\n");
 }
 
+/// Whether this run of the suite is on the `base` template (scripts/test
+/// runs it twice): a template's root is the sandbox's own copy-on-write
+/// view, writable by its root, where the host template's is read-only.
+fn on_base() -> bool {
+    std::env::var("AIRLOCK_TEST_TEMPLATE").as_deref() == Ok("base")
+}
+
+/// On `base`: what the sandbox wrote landed in its private layer, never in
+/// the template's shared files.
+fn assert_template_untouched(paths: &[&str]) {
+    if !on_base() {
+        return;
+    }
+    let root = common::base::base_rootfs();
+    for path in paths {
+        let on_host = root.join(path.trim_start_matches('/'));
+        assert!(
+            !on_host.exists(),
+            "a sandbox's write reached the template's shared layer: {}",
+            on_host.display()
+        );
+    }
+}
+
 #[test]
 fn system_dirs_are_read_only_even_for_root() {
+    let passwd =
+        on_base().then(|| std::fs::read(common::base::base_rootfs().join("etc/passwd")).unwrap());
     for user in ["user", "root"] {
         let value = sh_json(
             &["--user", user],
             "for f in /usr/x /etc/x /etc/passwd /bin/x /lib/x; do (echo x > $f) 2>/dev/null && echo WROTE $f; done; echo end",
         );
-        assert_eq!(stdout(&value), "end\n", "as {user}");
+        if on_base() && user == "root" {
+            // The template's root is the sandbox's own: root writes its copy.
+            assert_eq!(
+                stdout(&value),
+                "WROTE /usr/x\nWROTE /etc/x\nWROTE /etc/passwd\nWROTE /bin/x\nWROTE /lib/x\nend\n"
+            );
+        } else {
+            assert_eq!(stdout(&value), "end\n", "as {user}");
+        }
+    }
+    assert_template_untouched(&["/usr/x", "/etc/x", "/bin/x", "/lib/x"]);
+    if let Some(passwd) = passwd {
+        assert_eq!(
+            std::fs::read(common::base::base_rootfs().join("etc/passwd")).unwrap(),
+            passwd,
+            "the template's /etc/passwd changed"
+        );
     }
 }
 
@@ -44,8 +86,16 @@ fn generated_etc_has_no_host_secrets() {
     // the host's servers or search domains.
     let value = sh_json(&["--user", "root"], "ls /etc; test -e /etc/shadow && echo SHADOW; test -e /etc/ssh && echo SSH; grep -v '^nameserver 127.0.0.1$' /etc/resolv.conf | grep -v '^options edns0$' && echo RESOLV; true");
     let listing = stdout(&value);
+    // The base template has Debian's own /etc/shadow (locked accounts):
+    // it must not be the host's.
+    let shadow_ok = if on_base() {
+        let inside = sh_json(&["--user", "root"], "cat /etc/shadow");
+        std::fs::read_to_string("/etc/shadow").ok().as_deref() != Some(stdout(&inside))
+    } else {
+        !listing.contains("SHADOW")
+    };
     assert!(
-        !listing.contains("SHADOW") && !listing.contains("SSH") && !listing.contains("RESOLV"),
+        shadow_ok && !listing.contains("SSH") && !listing.contains("RESOLV"),
         "{listing}"
     );
     assert!(listing.contains("passwd"));
@@ -240,7 +290,14 @@ fn landlock_confines_writes_of_root() {
         "touch /newfile 2>/dev/null && echo WROTE_ROOT; touch /mnt/skills/public/x 2>/dev/null && echo WROTE_SKILLS; \
          touch /tmp/ok && echo tmp-ok",
     );
-    assert_eq!(stdout(&value), "tmp-ok\n");
+    if on_base() {
+        // A template's root is the sandbox's own copy-on-write view (no
+        // skills are mounted here): the writes stay in its private layer.
+        assert_eq!(stdout(&value), "WROTE_ROOT\nWROTE_SKILLS\ntmp-ok\n");
+        assert_template_untouched(&["/newfile", "/mnt/skills/public/x"]);
+    } else {
+        assert_eq!(stdout(&value), "tmp-ok\n");
+    }
 }
 
 #[test]

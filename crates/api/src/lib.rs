@@ -182,6 +182,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(templates::import_template))
         .routes(routes!(templates::pull_template))
+        .routes(routes!(templates::bootstrap_template))
         .routes(routes!(templates::template_sbom))
         .routes(routes!(templates::collect_garbage))
         .routes(routes!(metrics))

@@ -10,6 +10,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::types::rfc3339;
 use crate::Api;
 use airlock_daemon::templates::Collected;
+use airlock_layers::bootstrap::BootstrapProgress;
 use airlock_layers::ImportProgress;
 use airlock_registry::PullProgress;
 use airlock_store::TemplateRow;
@@ -97,6 +98,10 @@ pub enum TemplateEvent {
     },
     /// Layer `layer` of `of` is whole, checked and in the store (pull).
     Unpacked { layer: usize, of: usize },
+    /// What a bootstrap is doing (mmdebstrap's own words).
+    Step { message: String },
+    /// Bytes of a bootstrapped system unpacked so far.
+    Written { bytes: u64 },
     /// Layer `layer` (from 1) of `of` is being unpacked.
     Unpacking { layer: usize, of: usize, bytes: u64 },
     /// Layer `layer` of `of` was in the store already.
@@ -114,6 +119,16 @@ pub struct PullRequest {
     /// `HOST[:PORT]/REPOSITORY[:TAG][@sha256:DIGEST]`, in a registry the
     /// daemon is configured to pull from.
     pub image: String,
+}
+
+/// Body of `POST /v1/templates/{name}/bootstrap`.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BootstrapRequest {
+    /// Debian packages beyond the essential ones; the `base` template's
+    /// (bash, coreutils, python3 with pip and venv, git, curl,
+    /// ca-certificates, procps, sudo, nodejs, npm) when absent.
+    pub packages: Option<Vec<String>>,
 }
 
 /// Query of `POST /v1/templates/{name}/import`.
@@ -363,6 +378,52 @@ fn outcome(
             }
         }
     }
+}
+
+/// Builds a Debian system from the host's apt sources (mmdebstrap, in
+/// user namespaces of its own) as template `name` (admin), replacing one
+/// of that name: what the `base` template is. Minutes; the answer is
+/// NDJSON: `step` (what is being done) and `written` (bytes unpacked)
+/// events, then `done` with the template or `error`. One build of a name
+/// at a time (`conflict` otherwise).
+#[utoipa::path(post, path = "/v1/templates/{name}/bootstrap", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    request_body = BootstrapRequest,
+    responses(
+        (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = TemplateEvent),
+        (status = 400, description = "Bad name or package", body = ErrorBody),
+        (status = 403, description = "Not an admin key", body = ErrorBody),
+    ))]
+pub async fn bootstrap_template(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response> {
+    caller.admin()?;
+    let request: BootstrapRequest = if body.is_empty() {
+        BootstrapRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!("the body is not a bootstrap request: {e}"))
+        })?
+    };
+    airlock_daemon::templates::check_new_template_name(&name)?;
+    let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
+    let daemon = api.daemon.clone();
+    tokio::task::spawn_blocking(move || {
+        let progress_events = events.clone();
+        let mut progress = |p: BootstrapProgress| {
+            let event = match p {
+                BootstrapProgress::Step(message) => TemplateEvent::Step { message },
+                BootstrapProgress::Unpacking { bytes } => TemplateEvent::Written { bytes },
+            };
+            let _ = progress_events.try_send(event);
+        };
+        let built = daemon.bootstrap_template(&name, request.packages, &mut progress);
+        let _ = events.blocking_send(outcome(Api { daemon }, built));
+    });
+    Ok(ndjson(receiver))
 }
 
 /// Pulls an image from a registry the daemon is configured to pull from

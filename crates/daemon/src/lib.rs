@@ -326,6 +326,8 @@ pub(crate) struct Inner {
     /// (A tokio lock: a pull holds it across its awaits, and a create
     /// must not block a runtime thread while a collection runs.)
     layers_lock: tokio::sync::RwLock<()>,
+    /// Templates being built (one build of a name at a time).
+    building: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -439,6 +441,7 @@ impl Daemon {
                 token_key,
                 egress,
                 layers_lock: tokio::sync::RwLock::new(()),
+                building: std::sync::Mutex::default(),
             }),
         })
     }

@@ -16,6 +16,7 @@
 //! half-unpacked layers of an import killed half-way).
 
 use crate::{Daemon, DaemonError};
+use airlock_layers::bootstrap::{BootstrapError, BootstrapProgress, Recipe};
 use airlock_layers::{ImageConfig, ImportProgress, ImportedImage, LayerStore};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_registry::{ImageRef, PullError, PullLimits, PullProgress};
@@ -62,6 +63,23 @@ pub fn is_template_name(name: &str) -> bool {
         && !name.starts_with(['.', '-'])
         && !name.contains("..")
         && !name.contains('@')
+}
+
+/// A template being built; the mark goes with it.
+struct Building {
+    daemon: Daemon,
+    name: String,
+}
+
+impl Drop for Building {
+    fn drop(&mut self) {
+        self.daemon
+            .inner
+            .building
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.name);
+    }
 }
 
 /// Refuses a name a new template cannot have.
@@ -276,6 +294,67 @@ impl Daemon {
             tags => format!("archive ({})", tags.join(", ")),
         };
         self.record_image(name, &imported, source)
+    }
+
+    /// Builds a Debian system from the host's apt sources (mmdebstrap) as
+    /// template `name`: `packages` beyond the essential ones, the `base`
+    /// template's ([`airlock_layers::bootstrap::BASE_PACKAGES`]) when
+    /// `None`. One build of a name at a time. Blocking (minutes).
+    pub fn bootstrap_template(
+        &self,
+        name: &str,
+        packages: Option<Vec<String>>,
+        progress: &mut dyn FnMut(BootstrapProgress),
+    ) -> Result<TemplateRow, DaemonError> {
+        check_new_template_name(name)?;
+        let mut recipe = Recipe::default();
+        if let Some(packages) = packages {
+            recipe.packages = packages;
+        }
+        let _building = self.start_building(name)?;
+        let store = self.layer_store()?;
+        let _using = self.inner.layers_lock.blocking_read();
+        let image = airlock_layers::bootstrap::bootstrap(
+            &recipe,
+            &store,
+            &airlock_layers::unpack::UnpackLimits::default(),
+            progress,
+        )
+        .map_err(|e| {
+            let message = airlock_backend::error_chain(&e);
+            match e {
+                BootstrapError::BadName(_) | BootstrapError::TooManyPackages => {
+                    DaemonError::BadInput(message)
+                }
+                BootstrapError::NotInstalled
+                | BootstrapError::NoSuite
+                | BootstrapError::NoSources => DaemonError::Conflict(message),
+                BootstrapError::Failed { .. } => DaemonError::Upstream(message),
+                BootstrapError::Spawn(_) | BootstrapError::Layer(_) | BootstrapError::Store(_) => {
+                    DaemonError::Internal(message)
+                }
+            }
+        })?;
+        let source = format!("bootstrap {}", image.tags.join(", "));
+        self.record_image(name, &image, source)
+    }
+
+    /// Marks `name` as being built until the guard goes; 409 if it is.
+    fn start_building(&self, name: &str) -> Result<Building, DaemonError> {
+        let mut building = self
+            .inner
+            .building
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !building.insert(name.to_owned()) {
+            return Err(DaemonError::Conflict(format!(
+                "template {name:?} is being built already"
+            )));
+        }
+        Ok(Building {
+            daemon: self.clone(),
+            name: name.to_owned(),
+        })
     }
 
     /// Pulls `image` (a reference that names its registry) as template

@@ -220,10 +220,12 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
         }
         ops.push(SetupOp::SealTree { path: "etc".into() });
     } else {
-        // A template brings its own /etc; only the identity of this sandbox is written.
+        // A template brings its own /etc; only the identity of this
+        // sandbox and its resolver are written (an image's resolv.conf
+        // names the resolver of wherever it was built).
         ops.push(mkdir("etc", 0o755, 0));
         for (file, contents) in generated_etc(hostname) {
-            if file == "hostname" || file == "hosts" {
+            if file == "hostname" || file == "hosts" || file == "resolv.conf" {
                 ops.push(SetupOp::WriteFile {
                     path: format!("etc/{file}"),
                     contents,
@@ -651,6 +653,13 @@ mod tests {
             .ops
             .iter()
             .any(|op| matches!(op, SetupOp::WriteFile { path, .. } if path == "etc/passwd")));
+        // The image's resolv.conf names the resolver of where it was built:
+        // the sandbox's own is written over it.
+        assert!(plan.ops.iter().any(|op| matches!(
+            op,
+            SetupOp::WriteFile { path, contents, .. }
+                if path == "etc/resolv.conf" && contents.starts_with("nameserver 127.0.0.1\n")
+        )));
     }
 
     #[test]

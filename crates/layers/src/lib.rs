@@ -5,6 +5,8 @@
 //! - [`store`]: the directory of unpacked layers, named by `diff_id`, with
 //!   staging that a crash cannot leave half-done under a layer's name.
 //! - [`archive`]: images from `docker save` archives and OCI layouts.
+//! - [`bootstrap`]: a Debian system from the host's apt sources
+//!   (mmdebstrap), the `base` template.
 //! - [`sbom`]: a template's software bill of materials (CycloneDX 1.5):
 //!   the dpkg, apk, Python and npm packages of its merged layers.
 //!
@@ -13,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod archive;
+pub mod bootstrap;
 pub mod sbom;
 pub mod store;
 pub mod unpack;

@@ -28,7 +28,7 @@ mod files;
 mod format;
 mod http;
 mod sandboxes;
-mod templates;
+pub(crate) mod templates;
 #[cfg(test)]
 mod testing;
 

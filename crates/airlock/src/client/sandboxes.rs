@@ -201,6 +201,9 @@ fn object(pairs: &[(String, String)]) -> Value {
 /// with `--json`.
 pub fn create(args: &CreateArgs) -> Result<ExitCode> {
     let api = args.conn.api()?;
+    if args.template.as_deref() == Some("base") {
+        super::templates::ensure_base(&api)?;
+    }
     let view = api.post_json("/v1/sandboxes", &create_body(args))?;
     let mut out = std::io::stdout().lock();
     if args.json {

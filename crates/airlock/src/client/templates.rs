@@ -23,6 +23,10 @@ pub enum TemplateCommand {
     /// Pull an image from a registry the daemon is configured to pull from
     /// (`airlock serve --registry`) as a template.
     Pull(PullArgs),
+    /// Build a Debian system from this machine's apt sources as a
+    /// template: the `base` template (Python, Node.js, git, curl, sudo,
+    /// user `user`), or NAME with the packages given.
+    Bootstrap(BootstrapArgs),
     /// List templates.
     Ls(LsArgs),
     /// Show one template: its digest, layers and start configuration.
@@ -60,6 +64,27 @@ pub struct PullArgs {
     /// the tag unless it is `latest`].
     #[arg(long, short = 't', value_name = "NAME")]
     name: Option<String>,
+    /// Print the progress events and the template as JSON lines.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
+pub struct BootstrapArgs {
+    /// The template's name.
+    #[arg(default_value = "base")]
+    name: String,
+    /// A Debian package beyond the essential ones (repeatable); the base
+    /// template's packages when none is given.
+    #[arg(long = "package", short = 'p', value_name = "PACKAGE")]
+    packages: Vec<String>,
+    /// Build here, without a daemon, into an OCI image archive at FILE
+    /// (tagged NAME) that `airlock template import` takes: build once,
+    /// import on many machines.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
     /// Print the progress events and the template as JSON lines.
     #[arg(long)]
     json: bool,
@@ -116,6 +141,14 @@ pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
     match command {
         TemplateCommand::Import(args) => import(args),
         TemplateCommand::Pull(args) => pull(args),
+        TemplateCommand::Bootstrap(args) if args.output.is_some() => export(args),
+        TemplateCommand::Bootstrap(args) => {
+            let api = args.conn.api()?;
+            let packages = (!args.packages.is_empty()).then_some(args.packages.as_slice());
+            let template = bootstrap(&api, &args.name, packages, args.json)?;
+            print_template(&template, args.json);
+            Ok(ExitCode::SUCCESS)
+        }
         TemplateCommand::Ls(args) => ls(args),
         TemplateCommand::Inspect(args) => inspect(args),
         TemplateCommand::Rm(args) => rm(args),
@@ -194,6 +227,93 @@ fn pull(args: &PullArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Builds template `name` from the daemon's apt sources with a progress
+/// spinner (or JSON lines), to the template view.
+pub fn bootstrap(
+    api: &super::http::Api,
+    name: &str,
+    packages: Option<&[String]>,
+    json: bool,
+) -> Result<Value> {
+    let bar = if !json && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(format!("building template {name} from the apt sources"));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let body = match packages {
+        Some(packages) => serde_json::json!({ "packages": packages }),
+        None => serde_json::json!({}),
+    };
+    let answer = api
+        .post_json_response(
+            &format!("/v1/templates/{}/bootstrap", percent_path(name)),
+            &body,
+        )?
+        .into_body()
+        .into_reader();
+    follow(answer, &bar, json, "bootstrap")
+}
+
+/// `template bootstrap --output FILE`: the build here, into an archive.
+fn export(args: &BootstrapArgs) -> Result<ExitCode> {
+    use airlock_layers::bootstrap::{BootstrapProgress, Recipe};
+    let Some(output) = &args.output else {
+        bail!("--output names no file");
+    };
+    let mut recipe = Recipe::default();
+    if !args.packages.is_empty() {
+        recipe.packages = args.packages.clone();
+    }
+    let bar = if !args.json && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new_spinner();
+        bar.set_message(format!("building {}", output.display()));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let json = args.json;
+    let mut progress = |p: BootstrapProgress| match p {
+        BootstrapProgress::Step(message) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"type": "step", "message": message})
+                );
+            }
+            bar.set_message(message);
+        }
+        BootstrapProgress::Unpacking { bytes } => {
+            bar.set_message(format!("writing the system ({})", format_size(bytes)))
+        }
+    };
+    airlock_layers::bootstrap::export(&recipe, output, &args.name, &mut progress)
+        .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+    bar.finish_and_clear();
+    if json {
+        println!("{}", serde_json::json!({"type": "done", "archive": output}));
+    } else {
+        println!("{}", output.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the `base` template if the daemon has none (its first use),
+/// telling the user why they wait.
+pub fn ensure_base(api: &super::http::Api) -> Result<()> {
+    match api.get_json("/v1/templates/base", &[]) {
+        Ok(_) => Ok(()),
+        Err(e) if e.api_code() == Some("not_found") => {
+            eprintln!("airlock: building the base template (first use; it is kept for the next)");
+            bootstrap(api, "base", None, false).map(drop)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What `template pull` names a template by default: the repository's
 /// last component, with the tag unless it is `latest` (the daemon checks
 /// the reference itself).
@@ -254,6 +374,11 @@ fn follow(answer: impl std::io::Read, bar: &ProgressBar, json: bool, what: &str)
                 "unpacking layer {}/{} ({})",
                 count("layer"),
                 count("of"),
+                format_size(count("bytes"))
+            )),
+            Some("step") => bar.set_message(event["message"].as_str().unwrap_or("").to_owned()),
+            Some("written") => bar.set_message(format!(
+                "unpacking the system ({})",
                 format_size(count("bytes"))
             )),
             Some("cached") => bar.set_message(format!(

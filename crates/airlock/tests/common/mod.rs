@@ -1,6 +1,7 @@
 //! Shared helpers for tests that run the real `airlock` binary.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod base;
 pub mod daemon;
 pub mod images;
 pub mod net;
@@ -36,10 +37,19 @@ pub fn run(args: &[&str]) -> Output {
 }
 
 /// `airlock run ARGS` feeding `stdin`.
+/// With `AIRLOCK_TEST_TEMPLATE=base` (scripts/test sets it for a second
+/// run of the hostile suite), a run that names no template runs on the
+/// `base` template's root filesystem instead of the host's.
 pub fn run_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> Output {
     require_root();
-    let mut child = Command::new(binary())
-        .arg("run")
+    let mut command = Command::new(binary());
+    command.arg("run");
+    if std::env::var("AIRLOCK_TEST_TEMPLATE").as_deref() == Ok("base")
+        && !args.contains(&"--template")
+    {
+        command.arg("--template").arg(base::base_rootfs());
+    }
+    let mut child = command
         .args(args)
         .env("AIRLOCK_TEST_HOST_SECRET", "host-secret-value")
         .stdin(if stdin.is_some() {

@@ -26,12 +26,13 @@ pub const ENVD_VERSION: &str = "0.5.7";
 /// `clientID` of every sandbox (e2b's legacy field; one node here).
 pub const CLIENT_ID: &str = "airlock";
 
-/// Template names that mean airlock's `host` template: e2b's default
+/// Template names that mean airlock's `base` template: e2b's default
 /// (`base`, what the SDKs send when none is named) and the code
-/// interpreter's, whose kernel the in-sandbox routes provide.
-const HOST_ALIASES: &[&str] = &[
+/// interpreter's, whose kernel the in-sandbox routes provide. Until a
+/// `base` template is built (`airlock template bootstrap`), the daemon
+/// resolves `base` to the host's system.
+const BASE_ALIASES: &[&str] = &[
     "base",
-    "host",
     "code-interpreter-v1",
     "code-interpreter",
     "code-interpreter-beta",
@@ -170,8 +171,10 @@ pub enum TemplateChoice {
 
 /// What an e2b template name means here, before looking at the disk.
 pub fn template_choice(name: &str) -> TemplateChoice {
-    if HOST_ALIASES.contains(&name) {
+    if name == "host" {
         TemplateChoice::Host
+    } else if BASE_ALIASES.contains(&name) {
+        TemplateChoice::Registered("base".to_owned())
     } else {
         TemplateChoice::Registered(name.to_owned())
     }
@@ -712,7 +715,15 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(body.template_name().unwrap(), "base");
-        assert_eq!(template_choice("base"), TemplateChoice::Host);
+        assert_eq!(
+            template_choice("base"),
+            TemplateChoice::Registered("base".into())
+        );
+        assert_eq!(
+            template_choice("code-interpreter-v1"),
+            TemplateChoice::Registered("base".into())
+        );
+        assert_eq!(template_choice("host"), TemplateChoice::Host);
         assert_eq!(
             template_choice("mine"),
             TemplateChoice::Registered("mine".into())
