@@ -729,7 +729,7 @@ impl Parser<'_> {
                     .cloned()
                     .flatten()
                     .or_else(|| platform_arg(name)),
-                (None, None) => None,
+                (None, None) => platform_arg(name),
             };
             let table = if self.from.is_none() {
                 &mut self.meta
