@@ -236,6 +236,7 @@ pub fn parse_over(
         from: None,
         args: BTreeMap::new(),
         config: base.clone(),
+        env: base.env.iter().cloned().collect(),
         steps: Vec::new(),
         start: StartConfig::default(),
         cmd_set: false,
@@ -529,6 +530,8 @@ struct Parser<'a> {
     args: BTreeMap<String, Option<String>>,
     /// The configuration in effect: the base's, changed by the steps.
     config: RunConfig,
+    /// Its environment by name, for lookups.
+    env: BTreeMap<String, String>,
     steps: Vec<Step>,
     start: StartConfig,
     cmd_set: bool,
@@ -551,9 +554,9 @@ impl Parser<'_> {
                         .or_else(|| platform_arg(name)),
                 };
             }
-            self.config
+            self.env
                 .get(name)
-                .map(str::to_owned)
+                .cloned()
                 .or_else(|| self.args.get(name).cloned().flatten())
         };
         words::expand(word, self.escape, &lookup)
@@ -567,6 +570,9 @@ impl Parser<'_> {
         spec::check_step_at(&step, Where::Step(self.steps.len() + 1), &mut self.total)
             .map_err(|source| DockerfileError::Spec { line, source })?;
         self.config.apply(&step);
+        if let Step::Env { vars } = &step {
+            self.env.extend(vars.iter().cloned());
+        }
         self.steps.push(step);
         Ok(())
     }
@@ -846,7 +852,7 @@ impl Parser<'_> {
         let env = self
             .args
             .iter()
-            .filter(|(name, _)| self.config.get(name).is_none())
+            .filter(|(name, _)| !self.env.contains_key(*name))
             .filter_map(|(name, value)| Some((name.clone(), value.clone()?)))
             .collect();
         self.push(
@@ -1044,6 +1050,16 @@ impl Parser<'_> {
                 Some((_, v)) => value.clone_into(v),
                 None => self.start.env.push((name.clone(), value.clone())),
             }
+        }
+        if self.start.env.len() > MAX_VARS {
+            return Err(DockerfileError::Spec {
+                line,
+                source: SpecError::TooMany {
+                    at: Where::Start,
+                    what: "the environment",
+                    max: MAX_VARS,
+                },
+            });
         }
         self.push(line, Step::Env { vars })
     }

@@ -139,6 +139,16 @@ fn dockerignore_decides_what_a_source_finds() {
         err(&["docs/secret.md"]),
         ContextError::Excluded { .. }
     ));
+    // Beneath an excluded directory, unless an exception brings it back.
+    assert!(matches!(
+        err(&["node_modules/left-pad/index.js"]),
+        ContextError::Excluded { .. }
+    ));
+    write(root, "docs/other.md", "x");
+    assert!(matches!(
+        err(&["docs/other.md"]),
+        ContextError::Excluded { .. }
+    ));
     assert!(hash_sources(root, &sources(&["docs/README.md"])).is_ok());
     assert!(hash_sources(root, &sources(&["logs/keep.log"])).is_ok());
     let (_, tar) = pack(root, &["logs/*.log"], "/l/", PackOptions::default());
