@@ -5,8 +5,10 @@
 # What `airlock run` and `airlock serve` use at run time: ip and nft prepare
 # the network namespace of a sandbox with network; python3 is what the
 # README's first sandbox runs; btrfs-progs makes the disk store that holds
-# sandboxes' writable layers under quotas (crates/jail/src/disk.rs).
-RUNTIME_PACKAGES=(iproute2 nftables python3 btrfs-progs)
+# sandboxes' writable layers under quotas (crates/jail/src/disk.rs);
+# mmdebstrap (with uidmap for its user namespaces) builds the `base`
+# template from the host's apt sources (crates/layers/src/bootstrap.rs).
+RUNTIME_PACKAGES=(iproute2 nftables python3 btrfs-progs mmdebstrap uidmap)
 # What building needs beside Rust: a C compiler and a static libc (the binary
 # is linked statically; SQLite is compiled from source).
 BUILD_PACKAGES=(gcc libc6-dev)

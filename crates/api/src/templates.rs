@@ -409,6 +409,21 @@ pub async fn bootstrap_template(
         })?
     };
     airlock_daemon::templates::check_new_template_name(&name)?;
+    let packages = request.packages.as_deref().unwrap_or_default();
+    if packages.len() > airlock_layers::bootstrap::MAX_PACKAGES {
+        return Err(ApiError::bad_request(format!(
+            "packages: at most {} packages",
+            airlock_layers::bootstrap::MAX_PACKAGES
+        )));
+    }
+    if let Some(bad) = packages
+        .iter()
+        .find(|p| !airlock_layers::bootstrap::is_package_name(p))
+    {
+        return Err(ApiError::bad_request(format!(
+            "packages: {bad:?} is not a Debian package name"
+        )));
+    }
     let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
     let daemon = api.daemon.clone();
     tokio::task::spawn_blocking(move || {

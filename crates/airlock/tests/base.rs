@@ -1,0 +1,163 @@
+//! The `base` template: a Debian system built from the host's apt sources
+//! (mmdebstrap), with what agents expect of e2b's `base` (Python with pip
+//! and venv, Node.js with npm, git, curl, ps, the user `user` in its
+//! home, a login shell), root's files root's inside, the sandbox's own
+//! resolver, e2b's `base` and code-interpreter ids mapped onto it once it
+//! exists, an SBOM of its packages, and the daemon's own bootstrap. Needs
+//! root and mmdebstrap; the fixture is built once per machine (see
+//! common::base).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::daemon::{Answer, TestDaemon};
+use serde_json::{json, Value};
+use std::process::Command;
+
+fn import_base(daemon: &TestDaemon) {
+    let archive = common::base::base_archive();
+    let out = Command::new(common::binary())
+        .args(["template", "import"])
+        .arg(&archive)
+        .args([
+            "--name",
+            "base",
+            "--url",
+            &daemon.url,
+            "--api-key",
+            &daemon.key,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "import base: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn e2b(daemon: &TestDaemon, method: &str, path: &str, body: Option<Value>) -> Answer {
+    let bytes = body.map(|b| b.to_string().into_bytes());
+    daemon.call_as(
+        Some(&daemon.key),
+        method,
+        path,
+        bytes.as_deref(),
+        bytes.as_ref().map(|_| "application/json"),
+        &[("User-Agent", "e2b-python-sdk/2.63.0")],
+    )
+}
+
+#[test]
+fn the_base_template_has_what_agents_expect() {
+    let daemon = TestDaemon::start(&[]);
+    import_base(&daemon);
+    let created = daemon.create(json!({"template": "base"}));
+    let id = created["id"].as_str().unwrap();
+    let (out, code) = daemon.sh_out(
+        id,
+        "set -e; id -un; pwd; python3 -c 'import sys; print(sys.version_info[0])'; \
+         python3 -m venv /tmp/venv && /tmp/venv/bin/pip --version >/dev/null && echo venv-pip; \
+         node -e 'console.log(1+1)'; npm --version >/dev/null && echo npm; \
+         git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; \
+         ps -o comm= -p $$ >/dev/null && echo ps; stat -c %U /usr/bin/sudo /home/user; \
+         bash -lc 'echo login-$HOME'; cat /etc/resolv.conf",
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out,
+        "user\n/home/user\n3\nvenv-pip\n2\nnpm\ngit\ncurl\nps\nroot\nuser\nlogin-/home/user\n\
+         nameserver 127.0.0.1\noptions edns0\n",
+        "what base gives an agent"
+    );
+    // The template's SBOM lists its Debian packages.
+    let sbom = daemon.call("GET", "/v1/templates/base/sbom", None);
+    assert_eq!(sbom.status, 200, "{}", sbom.text());
+    let purls: Vec<String> = sbom.json()["components"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["purl"].as_str().unwrap().to_owned())
+        .collect();
+    for package in ["python3", "nodejs", "git", "curl", "sudo"] {
+        assert!(
+            purls
+                .iter()
+                .any(|p| p.starts_with(&format!("pkg:deb/debian/{package}@"))),
+            "no {package} in the SBOM: {purls:?}"
+        );
+    }
+    daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+}
+
+#[test]
+fn e2b_base_and_code_interpreter_ids_map_onto_base_once_it_exists() {
+    let daemon = TestDaemon::start(&[]);
+    // base's own sudo rule marks its /etc; the host template has none.
+    let on_base = |template: &str| -> bool {
+        let answer = e2b(
+            &daemon,
+            "POST",
+            "/sandboxes",
+            Some(json!({"templateID": template, "timeout": 60})),
+        );
+        assert_eq!(answer.status, 201, "{template}: {}", answer.text());
+        let id = answer.json()["sandboxID"].as_str().unwrap().to_owned();
+        let (out, _) = daemon.sh_out(&id, "test -e /etc/sudoers.d/user && echo base || echo host");
+        daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        out == "base\n"
+    };
+    assert!(
+        !on_base("base"),
+        "base before it is built is the host's system"
+    );
+    import_base(&daemon);
+    for template in ["base", "code-interpreter-v1", "code-interpreter"] {
+        assert!(on_base(template), "{template} runs on base once it exists");
+    }
+    assert!(!on_base("host"), "host stays the host's system");
+}
+
+#[test]
+fn the_daemon_bootstraps_a_template_and_refuses_bad_recipes() {
+    let daemon = TestDaemon::start(&[]);
+    let bad = daemon.call(
+        "POST",
+        "/v1/templates/mini/bootstrap",
+        Some(json!({"packages": ["bash", "--allow-unauthenticated"]})),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert_eq!(bad.code(), "bad_request");
+    let unknown = daemon.call(
+        "POST",
+        "/v1/templates/mini/bootstrap",
+        Some(json!({"packages": ["bash"], "suite": "x"})),
+    );
+    assert_eq!(unknown.status, 400, "{}", unknown.text());
+
+    // The smallest recipe: Debian's essential packages and bash.
+    let built = daemon.call(
+        "POST",
+        "/v1/templates/mini/bootstrap",
+        Some(json!({"packages": ["bash"]})),
+    );
+    assert_eq!(built.status, 200, "{}", built.text());
+    let events = built.lines();
+    assert!(
+        events.iter().any(|e| e["type"] == "step"),
+        "no progress: {events:?}"
+    );
+    let done = events.last().unwrap();
+    assert_eq!(done["type"], "done", "{events:?}");
+    assert!(
+        done["template"]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("bootstrap debian "),
+        "{done}"
+    );
+    let created = daemon.create(json!({"template": "mini"}));
+    let id = created["id"].as_str().unwrap();
+    let (out, code) = daemon.sh_out(id, "id -un; test -e /usr/bin/python3 || echo no-python");
+    assert_eq!((out.as_str(), code), ("user\nno-python\n", 0));
+}
