@@ -85,12 +85,12 @@ def image_archive():
 
 
 class Daemon:
-    def __init__(self, airlock):
+    def __init__(self, airlock, extra=()):
         self.tmp = tempfile.mkdtemp(prefix="airlock-bench-templates-")
         self.data = os.path.join(self.tmp, "data")
         self.log = open(os.path.join(self.tmp, "daemon.log"), "wb")
         self.proc = subprocess.Popen(
-            [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", self.data],
+            [airlock, "serve", "--listen", "127.0.0.1:0", "--data-dir", self.data, *extra],
             stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
             env=dict(os.environ, AIRLOCK_LOG="warn"), start_new_session=True)
         deadline = time.monotonic() + 30
