@@ -28,8 +28,7 @@
 //!   sorted names until they are done (at most [`SnapshotLimits::max_entries`]
 //!   names in all); the tree's listing is never held whole. The depth is
 //!   bounded by the bound on paths (4095 bytes: at most 2048 directories).
-//!   Hard links are remembered in a table of at most
-//!   16 MiB of names.
+//!   Hard links are remembered in a table of at most 16 MiB of names.
 //!
 //! # What becomes what
 //!
