@@ -9,6 +9,8 @@
 //!   (mmdebstrap), the `base` template.
 //! - [`sbom`]: a template's software bill of materials (CycloneDX 1.5):
 //!   the dpkg, apk, Python and npm packages of its merged layers.
+//! - [`snapshot`]: a sandbox's writable overlayfs upper (hostile, read by
+//!   descriptor) frozen into an OCI layer tar stream, deterministically.
 //!
 //! Which layers are referenced (by templates, by sandboxes) is the state
 //! database's business (`airlock-store`); this crate holds the files.
@@ -17,6 +19,7 @@
 pub mod archive;
 pub mod bootstrap;
 pub mod sbom;
+pub mod snapshot;
 pub mod store;
 pub mod unpack;
 

@@ -957,7 +957,7 @@ const SHOWN: usize = 256;
 
 /// A name as errors show it: its first [`SHOWN`] bytes, lossily UTF-8,
 /// with `…` when cut.
-fn shown(raw: &[u8]) -> String {
+pub(crate) fn shown(raw: &[u8]) -> String {
     if raw.len() <= SHOWN {
         return String::from_utf8_lossy(raw).into_owned();
     }
