@@ -477,3 +477,54 @@ Package: removed\nStatus: deinstall ok config-files\nArchitecture: amd64\nVersio
     let missing = daemon.call("GET", "/v1/templates/nothing/sbom", None);
     assert_eq!(missing.status, 404, "{}", missing.text());
 }
+
+#[test]
+fn an_image_without_the_user_account_gains_it_and_keeps_its_own() {
+    let daemon = TestDaemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    // Like python:slim: root and a service account, no uid 1000.
+    let layers = vec![
+        busybox_layer(),
+        layer(&[
+            Entry::File(
+                "etc/passwd",
+                b"root:x:0:0:root:/root:/bin/sh\nsvc:x:999:999::/srv:/bin/sh",
+                0o644,
+                0,
+                0,
+            ),
+            Entry::File("etc/group", b"root:x:0:\nsvc:x:999:\n", 0o644, 0, 0),
+        ]),
+    ];
+    let archive = write_archive(
+        dir.path(),
+        "nouser.tar",
+        &docker_save(
+            &layers,
+            &config(&layers, &["PATH=/bin:/usr/bin"], "/"),
+            "nouser:1",
+        ),
+    );
+    import_ok(&daemon, &archive, "nouser");
+    let created = daemon.create(json!({"template": "nouser"}));
+    let id = created["id"].as_str().unwrap();
+    let (out, err, code) = exec(
+        &daemon,
+        id,
+        "user",
+        "id -un; id -gn; cat /etc/passwd /etc/group",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out,
+        "user\nuser\nroot:x:0:0:root:/root:/bin/sh\nsvc:x:999:999::/srv:/bin/sh\n\
+         user:x:1000:1000:user:/home/user:/bin/sh\nroot:x:0:\nsvc:x:999:\nuser:x:1000:\n"
+    );
+    // The template's own files are untouched: the account is the sandbox's.
+    let store = daemon.data_dir().join("layers/sha256");
+    let passwd = store.join(&sha256(&layers[1])[7..]).join("etc/passwd");
+    assert!(!std::fs::read_to_string(passwd)
+        .unwrap()
+        .contains("user:x:1000"));
+    daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+}

@@ -7,7 +7,7 @@
 //! (the runc fix for CVE-2021-30465), so a symlink swapped in after the check
 //! cannot redirect them.
 
-use crate::rootfs::{Flags, NodeKind, RootfsSys};
+use crate::rootfs::{FileRead, Flags, NodeKind, RootfsSys};
 use rustix::fs::{
     fchmod, fchown, mkdirat, openat, openat2, symlinkat, unlinkat, AtFlags, Gid, Mode, OFlags,
     ResolveFlags, Uid, CWD,
@@ -339,6 +339,41 @@ impl RootfsSys for RootDir {
 
     fn exists(&mut self, path: &str) -> bool {
         self.resolve(path, OFlags::PATH).is_ok()
+    }
+
+    fn read_file(&mut self, path: &str, max: u64) -> Result<FileRead, SetupError> {
+        let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
+        let file = match openat(
+            &parent,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(file) => file,
+            Err(Errno::NOENT) => return Ok(FileRead::Missing),
+            // A symlink or something else: not an account file to amend.
+            Err(Errno::LOOP) => return Ok(FileRead::TooLarge),
+            Err(e) => return Err(fail("open", path)(e)),
+        };
+        let stat = rustix::fs::fstat(&file).map_err(fail("stat", path))?;
+        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile
+            || stat.st_size as u64 > max
+        {
+            return Ok(FileRead::TooLarge);
+        }
+        let mut contents = Vec::with_capacity(stat.st_size as usize);
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = rustix::io::read(&file, &mut buf).map_err(fail("read", path))?;
+            if n == 0 {
+                break;
+            }
+            contents.extend_from_slice(&buf[..n]);
+            if contents.len() as u64 > max {
+                return Ok(FileRead::TooLarge);
+            }
+        }
+        Ok(FileRead::Contents(contents))
     }
 
     fn mask_file(&mut self, path: &str) -> Result<(), SetupError> {

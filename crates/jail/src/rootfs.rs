@@ -90,6 +90,39 @@ pub enum SetupOp {
     /// Makes the mount whose root is `path` and every mount below it
     /// read-only, nosuid and nodev.
     SealTree { path: String },
+    /// Appends `line` to the account file `path` (`etc/passwd`,
+    /// `etc/group`) unless an entry there is named `name` or has the id
+    /// `id` (its third field); creates the file if it is missing. Leaves a
+    /// file over [`MAX_ACCOUNT_FILE`] as it is.
+    EnsureEntry {
+        path: String,
+        name: String,
+        id: u32,
+        line: String,
+    },
+}
+
+/// The largest account file [`SetupOp::EnsureEntry`] reads.
+pub const MAX_ACCOUNT_FILE: u64 = 1 << 20;
+
+/// What [`RootfsSys::read_file`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileRead {
+    Missing,
+    TooLarge,
+    Contents(Vec<u8>),
+}
+
+/// Whether the account file `text` has an entry named `name` or with the
+/// id `id`.
+fn has_entry(text: &[u8], name: &str, id: u32) -> bool {
+    let id = id.to_string();
+    text.split(|b| *b == b'\n').any(|line| {
+        let mut fields = line.split(|b| *b == b':');
+        let first = fields.next();
+        let third = fields.nth(1);
+        first == Some(name.as_bytes()) || third == Some(id.as_bytes())
+    })
 }
 
 /// Facts about the host the plan depends on, gathered before planning.
@@ -222,8 +255,21 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
     } else {
         // A template brings its own /etc; only the identity of this
         // sandbox and its resolver are written (an image's resolv.conf
-        // names the resolver of wherever it was built).
+        // names the resolver of wherever it was built), and the account
+        // sandboxes run as by default is added where the image has none.
         ops.push(mkdir("etc", 0o755, 0));
+        ops.push(SetupOp::EnsureEntry {
+            path: "etc/passwd".into(),
+            name: "user".into(),
+            id: USER_ID,
+            line: format!("user:x:{USER_ID}:{USER_ID}:user:/home/user:/bin/sh\n"),
+        });
+        ops.push(SetupOp::EnsureEntry {
+            path: "etc/group".into(),
+            name: "user".into(),
+            id: USER_ID,
+            line: format!("user:x:{USER_ID}:\n"),
+        });
         for (file, contents) in generated_etc(hostname) {
             if file == "hostname" || file == "hosts" || file == "resolv.conf" {
                 ops.push(SetupOp::WriteFile {
@@ -421,6 +467,9 @@ pub trait RootfsSys {
         flags: Flags,
     ) -> Result<(), Self::Error>;
     fn exists(&mut self, path: &str) -> bool;
+    /// The regular file at `path` (not followed if a symlink), up to `max`
+    /// bytes.
+    fn read_file(&mut self, path: &str, max: u64) -> Result<FileRead, Self::Error>;
     fn mask_file(&mut self, path: &str) -> Result<(), Self::Error>;
     fn read_only(&mut self, path: &str) -> Result<(), Self::Error>;
     fn seal_mount(&mut self, path: &str) -> Result<(), Self::Error>;
@@ -473,6 +522,24 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                 }
             }
             SetupOp::SealMount { path } => sys.seal_mount(path)?,
+            SetupOp::EnsureEntry {
+                path,
+                name,
+                id,
+                line,
+            } => {
+                let mut contents = match sys.read_file(path, MAX_ACCOUNT_FILE)? {
+                    FileRead::TooLarge => continue,
+                    FileRead::Contents(text) if has_entry(&text, name, *id) => continue,
+                    FileRead::Contents(text) => text,
+                    FileRead::Missing => Vec::new(),
+                };
+                if !contents.is_empty() && !contents.ends_with(b"\n") {
+                    contents.push(b'\n');
+                }
+                contents.extend_from_slice(line.as_bytes());
+                sys.write_file(path, &contents, 0o644)?;
+            }
             SetupOp::SealTree { path } => sys.seal_tree(path)?,
         }
     }
@@ -503,6 +570,8 @@ mod tests {
         calls: Vec<String>,
         present: Vec<&'static str>,
         created: Vec<String>,
+        files: std::collections::HashMap<&'static str, String>,
+        written: Vec<(String, String)>,
     }
 
     impl RootfsSys for Recorder {
@@ -516,8 +585,12 @@ mod tests {
             self.calls.push(format!("symlink {path} -> {target}"));
             Ok(())
         }
-        fn write_file(&mut self, path: &str, _contents: &[u8], _mode: u32) -> Result<(), ()> {
+        fn write_file(&mut self, path: &str, contents: &[u8], _mode: u32) -> Result<(), ()> {
             self.calls.push(format!("write {path}"));
+            self.written.push((
+                path.to_owned(),
+                String::from_utf8_lossy(contents).into_owned(),
+            ));
             Ok(())
         }
         fn bind_host(
@@ -538,6 +611,13 @@ mod tests {
         }
         fn exists(&mut self, path: &str) -> bool {
             self.present.contains(&path) || self.created.iter().any(|c| c == path)
+        }
+        fn read_file(&mut self, path: &str, _max: u64) -> Result<FileRead, ()> {
+            self.calls.push(format!("read {path}"));
+            Ok(match self.files.get(path) {
+                Some(text) => FileRead::Contents(text.as_bytes().to_vec()),
+                None => FileRead::Missing,
+            })
         }
         fn mask_file(&mut self, path: &str) -> Result<(), ()> {
             self.calls.push(format!("mask {path}"));
@@ -660,6 +740,55 @@ mod tests {
             SetupOp::WriteFile { path, contents, .. }
                 if path == "etc/resolv.conf" && contents.starts_with("nameserver 127.0.0.1\n")
         )));
+    }
+
+    #[test]
+    fn a_templates_accounts_gain_user_only_where_missing() {
+        let spec = SandboxSpec {
+            template: Template::Dir {
+                path: "/srv/rootfs".into(),
+            },
+            ..SandboxSpec::default()
+        };
+        let plan = plan(&spec, &facts(), "sbx-4");
+        let written = |files: &[(&'static str, &str)]| {
+            let mut rec = Recorder::default();
+            for (path, text) in files {
+                rec.files.insert(path, (*text).to_owned());
+            }
+            apply(&plan, &mut rec).unwrap();
+            rec.written
+                .into_iter()
+                .filter(|(path, _)| path == "etc/passwd" || path == "etc/group")
+                .collect::<Vec<_>>()
+        };
+        // An image without the account (python:slim has none): appended,
+        // after a missing final newline.
+        assert_eq!(
+            written(&[
+                ("etc/passwd", "root:x:0:0:root:/root:/bin/bash"),
+                ("etc/group", "root:x:0:\n")
+            ]),
+            [
+                (
+                    "etc/passwd".to_owned(),
+                    "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/sh\n"
+                        .to_owned()
+                ),
+                (
+                    "etc/group".to_owned(),
+                    "root:x:0:\nuser:x:1000:\n".to_owned()
+                )
+            ]
+        );
+        // An image with uid 1000 under another name, or `user` itself: kept.
+        assert!(written(&[
+            ("etc/passwd", "node:x:1000:1000::/home/node:/bin/sh\n"),
+            ("etc/group", "user:x:1001:\n")
+        ])
+        .is_empty());
+        // No account files at all: made.
+        assert_eq!(written(&[]).len(), 2);
     }
 
     #[test]
