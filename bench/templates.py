@@ -141,10 +141,12 @@ def main():
     parser.add_argument("--airlock", default=default_airlock())
     parser.add_argument("-n", type=int, default=100, help="cycles per template")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--writable-layers", choices=("disk", "memory"), default="disk",
+                        help="where the daemon keeps writable layers (to tell their cost apart)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/templates.py needs root (sandboxes, the disk store)")
-    daemon = Daemon(args.airlock)
+    daemon = Daemon(args.airlock, ["--writable-layers", args.writable_layers])
     try:
         archive, layer_bytes = image_archive()
         path = os.path.join(daemon.tmp, "bb.tar")
