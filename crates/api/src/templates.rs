@@ -409,21 +409,9 @@ pub async fn bootstrap_template(
         })?
     };
     airlock_daemon::templates::check_new_template_name(&name)?;
-    let packages = request.packages.as_deref().unwrap_or_default();
-    if packages.len() > airlock_layers::bootstrap::MAX_PACKAGES {
-        return Err(ApiError::bad_request(format!(
-            "packages: at most {} packages",
-            airlock_layers::bootstrap::MAX_PACKAGES
-        )));
-    }
-    if let Some(bad) = packages
-        .iter()
-        .find(|p| !airlock_layers::bootstrap::is_package_name(p))
-    {
-        return Err(ApiError::bad_request(format!(
-            "packages: {bad:?} is not a Debian package name"
-        )));
-    }
+    // Refused before the answer starts streaming.
+    airlock_layers::bootstrap::check_packages(request.packages.as_deref().unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(format!("packages: {e}")))?;
     let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
     let daemon = api.daemon.clone();
     tokio::task::spawn_blocking(move || {
@@ -463,17 +451,9 @@ pub async fn pull_template(
 ) -> Result<Response> {
     caller.admin()?;
     let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    airlock_daemon::templates::check_new_template_name(&name)?;
-    let reference: airlock_registry::ImageRef = request
-        .image
-        .parse()
-        .map_err(|e: airlock_registry::ReferenceError| ApiError::bad_request(e.to_string()))?;
-    // A refused registry is refused before the answer starts streaming.
-    api.daemon
-        .config()
-        .registries
-        .check_allowed(&reference)
-        .map_err(|e| ApiError::new(StatusCode::FORBIDDEN, "forbidden", e.to_string()))?;
+    // A bad reference or a refused registry is refused before the answer
+    // starts streaming.
+    api.daemon.check_pull(&name, &request.image)?;
     let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
     let progress_events = events.clone();
     let progress = std::sync::Arc::new(move |p: PullProgress| {

@@ -146,18 +146,7 @@ impl Daemon {
                     pin.unwrap_or_default()
                 )));
             }
-            let store = self.layer_store()?;
-            let mut paths = Vec::with_capacity(row.layers.len());
-            for diff_id in &row.layers {
-                match store.path_of(diff_id) {
-                    Some(path) if path.is_dir() => paths.push(path),
-                    _ => {
-                        return Err(DaemonError::Internal(format!(
-                            "template {bare:?} names layer {diff_id}, which is not in the store"
-                        )))
-                    }
-                }
-            }
+            let paths = self.layer_paths(&row)?;
             let config = serde_json::from_value(row.config.clone()).unwrap_or_default();
             return Ok(ResolvedTemplate {
                 template: Template::Layers { layers: paths },
@@ -215,13 +204,7 @@ impl Daemon {
     /// same layers give the same bytes). Blocking.
     pub fn template_sbom(&self, name: &str) -> Result<Vec<u8>, DaemonError> {
         let row = self.template(name)?;
-        let store = self.layer_store()?;
-        let mut paths = Vec::with_capacity(row.layers.len());
-        for diff_id in &row.layers {
-            paths.push(store.path_of(diff_id).ok_or_else(|| {
-                DaemonError::Internal(format!("template {name:?} names layer {diff_id:?}"))
-            })?);
-        }
+        let paths = self.layer_paths(&row)?;
         let subject = airlock_layers::sbom::Subject {
             name: row.name.clone(),
             digest: row.digest.clone(),
@@ -365,13 +348,9 @@ impl Daemon {
         image: &str,
         progress: Arc<dyn Fn(PullProgress) + Send + Sync>,
     ) -> Result<TemplateRow, DaemonError> {
-        check_new_template_name(name)?;
-        let reference: ImageRef = image
-            .parse()
-            .map_err(|e: airlock_registry::ReferenceError| DaemonError::BadInput(e.to_string()))?;
-        let registries = self.config().registries.clone();
         // Refused before anything is locked or staged.
-        registries.check_allowed(&reference).map_err(pull_error)?;
+        let reference = self.check_pull(name, image)?;
+        let registries = self.config().registries.clone();
         let store = self.layer_store()?;
         // As for an import: no collection between committing a layer and
         // recording it.
@@ -393,6 +372,36 @@ impl Daemon {
             .map_err(pull_error)?;
         let source = format!("registry {reference} ({})", pulled.manifest_digest);
         self.record_image(name, &pulled.image, source)
+    }
+
+    /// The reference a pull of `image` as template `name` would fetch:
+    /// `400` for a bad name or reference, `403` for a registry this daemon
+    /// does not pull from.
+    pub fn check_pull(&self, name: &str, image: &str) -> Result<ImageRef, DaemonError> {
+        check_new_template_name(name)?;
+        let reference: ImageRef = image
+            .parse()
+            .map_err(|e: airlock_registry::ReferenceError| DaemonError::BadInput(e.to_string()))?;
+        self.config()
+            .registries
+            .check_allowed(&reference)
+            .map_err(pull_error)?;
+        Ok(reference)
+    }
+
+    /// The directories of `row`'s layers in the store, bottom first.
+    fn layer_paths(&self, row: &TemplateRow) -> Result<Vec<std::path::PathBuf>, DaemonError> {
+        let store = self.layer_store()?;
+        row.layers
+            .iter()
+            .map(|diff_id| match store.path_of(diff_id) {
+                Some(path) if path.is_dir() => Ok(path),
+                _ => Err(DaemonError::Internal(format!(
+                    "template {:?} names layer {diff_id}, which is not in the store",
+                    row.name
+                ))),
+            })
+            .collect()
     }
 
     fn recorded_layers(&self) -> Result<HashSet<String>, DaemonError> {

@@ -261,13 +261,20 @@ fn command(recipe: &Recipe, suite: &str, sources: &[PathBuf]) -> Command {
 }
 
 /// The suite and sources `recipe` builds from, checked.
-fn resolve(recipe: &Recipe) -> Result<(String, Vec<PathBuf>), BootstrapError> {
-    if recipe.packages.len() > MAX_PACKAGES {
+/// Refuses a package list a recipe cannot have: more than
+/// [`MAX_PACKAGES`], or a name that is not a Debian package name.
+pub fn check_packages(packages: &[String]) -> Result<(), BootstrapError> {
+    if packages.len() > MAX_PACKAGES {
         return Err(BootstrapError::TooManyPackages);
     }
-    if let Some(bad) = recipe.packages.iter().find(|p| !is_package_name(p)) {
+    if let Some(bad) = packages.iter().find(|p| !is_package_name(p)) {
         return Err(BootstrapError::BadName(bad.clone()));
     }
+    Ok(())
+}
+
+fn resolve(recipe: &Recipe) -> Result<(String, Vec<PathBuf>), BootstrapError> {
+    check_packages(&recipe.packages)?;
     let suite = match &recipe.suite {
         Some(suite) if is_package_name(suite) => suite.clone(),
         Some(suite) => return Err(BootstrapError::BadName(suite.clone())),
@@ -403,7 +410,7 @@ pub fn export(
 ) -> Result<(), BootstrapError> {
     let scratch = output.parent().unwrap_or(std::path::Path::new("."));
     let io = BootstrapError::Store;
-    let mut layer = TempFile::create_in(scratch).map_err(io)?;
+    let mut layer = tempfile::NamedTempFile::new_in(scratch).map_err(io)?;
     let ((digest, size), suite) = run(
         recipe,
         progress,
@@ -417,7 +424,7 @@ pub fn export(
                     break;
                 }
                 hasher.update(&buffer[..n]);
-                std::io::Write::write_all(&mut layer.file, &buffer[..n])?;
+                std::io::Write::write_all(layer.as_file_mut(), &buffer[..n])?;
                 size += n as u64;
             }
             Ok((format!("sha256:{:x}", hasher.finalize()), size))
@@ -474,34 +481,13 @@ pub fn export(
         &mut config_bytes.as_slice(),
     )
     .map_err(io)?;
-    let mut layer_file = std::fs::File::open(&layer.path).map_err(io)?;
+    let mut layer_file = layer.reopen().map_err(io)?;
     add(&blob(&digest), size, &mut layer_file).map_err(io)?;
     archive
         .into_inner()
         .and_then(|mut w| std::io::Write::flush(&mut w))
         .map_err(io)?;
     std::fs::rename(&partial, output).map_err(io)
-}
-
-/// A scratch file, removed when dropped.
-struct TempFile {
-    path: PathBuf,
-    file: std::fs::File,
-}
-
-impl TempFile {
-    /// A new file in `dir`.
-    fn create_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
-        let path = dir.join(format!(".airlock-layer-{}.tar", std::process::id()));
-        let file = std::fs::File::create(&path)?;
-        Ok(TempFile { path, file })
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 #[cfg(test)]
