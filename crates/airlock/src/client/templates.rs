@@ -206,15 +206,7 @@ fn pull(args: &PullArgs) -> Result<ExitCode> {
         None => default_name(&args.image).context("name the template with --name")?,
     };
     let api = args.conn.api()?;
-    let people = !args.json && std::io::stderr().is_terminal();
-    let bar = if people {
-        let bar = ProgressBar::new_spinner();
-        bar.set_message(format!("resolving {}", args.image));
-        bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = spinner(!args.json, format!("resolving {}", args.image));
     let answer = api
         .post_json_response(
             &format!("/v1/templates/{}/pull", percent_path(&name)),
@@ -227,6 +219,18 @@ fn pull(args: &PullArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A spinner showing `message` on a terminal when `shown`, else a hidden
+/// bar.
+fn spinner(shown: bool, message: String) -> ProgressBar {
+    if !shown || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(message);
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
 /// Builds template `name` from the daemon's apt sources with a progress
 /// spinner (or JSON lines), to the template view.
 pub fn bootstrap(
@@ -235,14 +239,10 @@ pub fn bootstrap(
     packages: Option<&[String]>,
     json: bool,
 ) -> Result<Value> {
-    let bar = if !json && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new_spinner();
-        bar.set_message(format!("building template {name} from the apt sources"));
-        bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = spinner(
+        !json,
+        format!("building template {name} from the apt sources"),
+    );
     let body = match packages {
         Some(packages) => serde_json::json!({ "packages": packages }),
         None => serde_json::json!({}),
@@ -267,14 +267,7 @@ fn export(args: &BootstrapArgs) -> Result<ExitCode> {
     if !args.packages.is_empty() {
         recipe.packages = args.packages.clone();
     }
-    let bar = if !args.json && std::io::stderr().is_terminal() {
-        let bar = ProgressBar::new_spinner();
-        bar.set_message(format!("building {}", output.display()));
-        bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = spinner(!args.json, format!("building {}", output.display()));
     let json = args.json;
     let mut progress = |p: BootstrapProgress| match p {
         BootstrapProgress::Step(message) => {
