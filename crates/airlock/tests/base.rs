@@ -10,42 +10,11 @@
 
 mod common;
 
-use common::daemon::{Answer, TestDaemon};
-use serde_json::{json, Value};
-use std::process::Command;
+use common::daemon::{e2b, TestDaemon};
+use serde_json::json;
 
 fn import_base(daemon: &TestDaemon) {
-    let archive = common::base::base_archive();
-    let out = Command::new(common::binary())
-        .args(["template", "import"])
-        .arg(&archive)
-        .args([
-            "--name",
-            "base",
-            "--url",
-            &daemon.url,
-            "--api-key",
-            &daemon.key,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "import base: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn e2b(daemon: &TestDaemon, method: &str, path: &str, body: Option<Value>) -> Answer {
-    let bytes = body.map(|b| b.to_string().into_bytes());
-    daemon.call_as(
-        Some(&daemon.key),
-        method,
-        path,
-        bytes.as_deref(),
-        bytes.as_ref().map(|_| "application/json"),
-        &[("User-Agent", "e2b-python-sdk/2.63.0")],
-    )
+    common::store::import_ok(daemon, &common::base::base_archive(), "base");
 }
 
 #[test]

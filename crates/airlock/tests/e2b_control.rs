@@ -6,21 +6,8 @@
 
 mod common;
 
-use common::daemon::{Answer, TestDaemon};
+use common::daemon::{e2b, Answer, TestDaemon};
 use serde_json::{json, Value};
-
-/// A request as the SDK sends it: `X-API-KEY` and a JSON body.
-fn e2b(daemon: &TestDaemon, method: &str, path: &str, body: Option<Value>) -> Answer {
-    let bytes = body.map(|b| b.to_string().into_bytes());
-    daemon.call_as(
-        Some(&daemon.key),
-        method,
-        path,
-        bytes.as_deref(),
-        bytes.as_ref().map(|_| "application/json"),
-        &[("User-Agent", "e2b-python-sdk/2.63.0")],
-    )
-}
 
 /// The e2b error shape: `{"code": <status>, "message": "..."}`.
 fn assert_error(answer: &Answer, status: u16) -> String {

@@ -14,6 +14,7 @@ mod common;
 use common::daemon::TestDaemon;
 use common::images::{busybox_layer, config, layer, oci_layout, sha256, Entry};
 use common::registry::Registry;
+use common::store::{layer_dirs, staging_entries, unowned};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -66,23 +67,6 @@ fn pull_ok(daemon: &TestDaemon, name: &str, image: &str) -> Vec<Value> {
 
 fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
     events.iter().filter(|e| e["type"] == kind).collect()
-}
-
-fn layer_dirs(daemon: &TestDaemon) -> usize {
-    std::fs::read_dir(daemon.data_dir().join("layers/sha256")).map_or(0, Iterator::count)
-}
-
-fn staging_entries(daemon: &TestDaemon) -> usize {
-    std::fs::read_dir(daemon.data_dir().join("layers/tmp")).map_or(0, Iterator::count)
-}
-
-fn unowned(daemon: &TestDaemon) -> String {
-    let metrics = daemon.call("GET", "/metrics", None).text();
-    metrics
-        .lines()
-        .find(|l| l.starts_with("airlock_layer_store_unowned_entries"))
-        .unwrap_or_else(|| panic!("no unowned-entries metric in:\n{metrics}"))
-        .to_owned()
 }
 
 fn insecure(registry: &Registry) -> [String; 2] {
@@ -144,7 +128,7 @@ fn a_pulled_image_runs_with_its_files_and_config_and_a_second_pull_fetches_nothi
     assert_eq!(of_type(&again, "cached").len(), 2, "{again:?}");
     assert!(of_type(&again, "downloading").is_empty(), "{again:?}");
     assert_eq!(of_type(&again, "resolved")[0]["bytes"], 0, "{again:?}");
-    assert_eq!(layer_dirs(&daemon), 2);
+    assert_eq!(layer_dirs(&daemon).len(), 2);
 
     // A digest pin: the manifest digest the first pull reported.
     let manifest = resolved[0]["manifest_digest"].as_str().unwrap();
@@ -224,7 +208,7 @@ fn pulls_the_daemon_may_not_make_are_refused_clearly_and_leave_nothing() {
         "{events:?}"
     );
 
-    assert_eq!(layer_dirs(&daemon), 0);
+    assert_eq!(layer_dirs(&daemon).len(), 0);
     assert_eq!(staging_entries(&daemon), 0);
     let listed = daemon.call("GET", "/v1/templates", None).json();
     assert_eq!(listed["items"], json!([]));
@@ -319,19 +303,19 @@ fn a_pull_killed_with_9_leaves_nothing_once_the_collector_has_run() {
     daemon.kill9();
     let _ = cli.wait();
     assert!(
-        staging_entries(&daemon) + layer_dirs(&daemon) > 0,
+        staging_entries(&daemon) + layer_dirs(&daemon).len() > 0,
         "the pull was killed before it staged anything: {seen:?}"
     );
     daemon.restart();
     // The collector runs at start: what the killed pull staged or
     // committed without recording goes.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while staging_entries(&daemon) + layer_dirs(&daemon) != 0 {
+    while staging_entries(&daemon) + layer_dirs(&daemon).len() != 0 {
         assert!(
             Instant::now() < deadline,
             "the killed pull's leftovers were not collected: {} staged, {} layers",
             staging_entries(&daemon),
-            layer_dirs(&daemon)
+            layer_dirs(&daemon).len()
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -11,6 +11,7 @@ mod common;
 
 use common::daemon::TestDaemon;
 use common::images::{busybox_layer, config, docker_save, layer, oci_layout, sha256, Entry};
+use common::store::{import, import_ok, layer_dirs, staging_entries, unowned};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -51,33 +52,6 @@ fn write_archive(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
     path
 }
 
-/// `airlock template import FILE --name NAME` against `daemon`.
-fn import(daemon: &TestDaemon, file: &Path, name: &str) -> std::process::Output {
-    Command::new(common::binary())
-        .args(["template", "import"])
-        .arg(file)
-        .args([
-            "--name",
-            name,
-            "--url",
-            &daemon.url,
-            "--api-key",
-            &daemon.key,
-        ])
-        .output()
-        .unwrap()
-}
-
-fn import_ok(daemon: &TestDaemon, file: &Path, name: &str) {
-    let out = import(daemon, file, name);
-    assert!(
-        out.status.success(),
-        "import {name}: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn exec(daemon: &TestDaemon, id: &str, user: &str, script: &str) -> (String, String, i64) {
     let answer = daemon.call(
         "POST",
@@ -96,30 +70,6 @@ fn exec(daemon: &TestDaemon, id: &str, user: &str, script: &str) -> (String, Str
         }
     }
     (out, err, code)
-}
-
-fn layer_dirs(daemon: &TestDaemon) -> Vec<String> {
-    let mut dirs: Vec<String> = std::fs::read_dir(daemon.data_dir().join("layers/sha256"))
-        .map(|d| {
-            d.map(|e| format!("sha256:{}", e.unwrap().file_name().to_string_lossy()))
-                .collect()
-        })
-        .unwrap_or_default();
-    dirs.sort();
-    dirs
-}
-
-fn staging_entries(daemon: &TestDaemon) -> usize {
-    std::fs::read_dir(daemon.data_dir().join("layers/tmp")).map_or(0, Iterator::count)
-}
-
-fn unowned(daemon: &TestDaemon) -> String {
-    let metrics = daemon.call("GET", "/metrics", None).text();
-    metrics
-        .lines()
-        .find(|l| l.starts_with("airlock_layer_store_unowned_entries"))
-        .unwrap_or_else(|| panic!("no unowned-entries metric in:\n{metrics}"))
-        .to_owned()
 }
 
 fn gc(daemon: &TestDaemon) -> Value {

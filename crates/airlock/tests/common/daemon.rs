@@ -65,6 +65,19 @@ impl Answer {
 /// The HTTP client the test daemons' helpers use (no proxy, statuses
 /// are answers, a global timeout so a daemon that stops answering fails a
 /// test instead of hanging it).
+/// A request as the e2b SDK sends it: `X-API-KEY` and a JSON body.
+pub fn e2b(daemon: &TestDaemon, method: &str, path: &str, body: Option<Value>) -> Answer {
+    let bytes = body.map(|b| b.to_string().into_bytes());
+    daemon.call_as(
+        Some(&daemon.key),
+        method,
+        path,
+        bytes.as_deref(),
+        bytes.as_ref().map(|_| "application/json"),
+        &[("User-Agent", "e2b-python-sdk/2.63.0")],
+    )
+}
+
 pub fn agent() -> ureq::Agent {
     let config = ureq::Agent::config_builder()
         .http_status_as_error(false)

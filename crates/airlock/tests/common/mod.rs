@@ -6,6 +6,7 @@ pub mod daemon;
 pub mod images;
 pub mod net;
 pub mod registry;
+pub mod store;
 
 use serde_json::Value;
 use std::io::Write;
