@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod builds;
 pub mod exec;
 pub mod files;
 pub mod interpreter;

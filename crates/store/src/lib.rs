@@ -29,6 +29,7 @@
 //! The schema is versioned with `PRAGMA user_version` and migrated on open.
 #![forbid(unsafe_code)]
 
+mod builds;
 mod error;
 mod events;
 mod keys;
@@ -44,6 +45,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use builds::CachedStep;
 pub use error::{Entity, StoreError};
 pub use secret::{
     hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,

@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -117,6 +117,25 @@ CREATE TABLE sandbox_layers (
 ) STRICT;
 
 CREATE INDEX sandbox_layers_by_layer ON sandbox_layers (diff_id);
+"#;
+
+/// Version 3: the build cache.
+///
+/// A template build's step (a RUN or a COPY) is cached under its key (see
+/// `airlock_build::cache`): the layer it made, or none when it changed
+/// nothing. A cached layer is referenced, as a template's is, until the
+/// entry is evicted (unused for a while, or on request).
+const V3: &str = r#"
+CREATE TABLE build_steps (
+    key          TEXT    PRIMARY KEY NOT NULL
+                 CHECK (key GLOB 'sha256:*' AND length(key) = 71),
+    -- NULL: the step changed no file.
+    diff_id      TEXT    REFERENCES layers (diff_id) ON DELETE RESTRICT,
+    created_at   INTEGER NOT NULL,
+    used_at      INTEGER NOT NULL
+) STRICT;
+
+CREATE INDEX build_steps_by_layer ON build_steps (diff_id);
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

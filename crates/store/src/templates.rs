@@ -250,8 +250,8 @@ impl Store {
         Ok(())
     }
 
-    /// The layers nothing references: no template stacks them and no
-    /// sandbox that is not dead runs on them. Dead sandboxes' references
+    /// The layers nothing references: no template stacks them, no
+    /// sandbox that is not dead runs on them and no build step caches them. Dead sandboxes' references
     /// are dropped first.
     pub fn unreferenced_layers(&self) -> Result<Vec<String>, StoreError> {
         self.conn
@@ -265,7 +265,8 @@ impl Store {
             .prepare_cached(
                 "SELECT diff_id FROM layers l WHERE \
                  NOT EXISTS (SELECT 1 FROM template_layers t WHERE t.diff_id = l.diff_id) AND \
-                 NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = l.diff_id) \
+                 NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = l.diff_id) AND \
+                 NOT EXISTS (SELECT 1 FROM build_steps b WHERE b.diff_id = l.diff_id) \
                  ORDER BY diff_id",
             )?
             .query_map([], |row| row.get(0))?
@@ -280,7 +281,8 @@ impl Store {
             .prepare_cached(
                 "DELETE FROM layers WHERE diff_id = ?1 AND \
                  NOT EXISTS (SELECT 1 FROM template_layers t WHERE t.diff_id = ?1) AND \
-                 NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = ?1)",
+                 NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = ?1) AND \
+                 NOT EXISTS (SELECT 1 FROM build_steps b WHERE b.diff_id = ?1)",
             )?
             .execute([diff_id])?;
         Ok(changed > 0)
