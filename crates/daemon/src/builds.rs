@@ -35,6 +35,11 @@ pub struct BuildRequest {
     pub step_contexts: BTreeMap<usize, PathBuf>,
     /// Run every step, even one whose key the cache holds.
     pub no_cache: bool,
+    /// The command every sandbox of the template starts in the background
+    /// and the one that says it is ready (recorded in the template's
+    /// configuration; see `airlock_layers::ImageConfig::start_cmd`).
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
     /// What the template's `source` says it came from ("dockerfile",
     /// "e2b").
     pub source: String,

@@ -160,6 +160,7 @@ pub fn base_config() -> ImageConfig {
         user: Some(USER.into()),
         entrypoint: Vec::new(),
         cmd: vec!["/bin/bash".into()],
+        ..ImageConfig::default()
     }
 }
 

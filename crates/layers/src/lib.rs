@@ -41,6 +41,15 @@ pub struct ImageConfig {
     pub user: Option<String>,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
+    /// A command (for `/bin/sh -c`) every sandbox of the template runs in
+    /// the background once it is up (the e2b Template SDK's start command);
+    /// a create answers once `ready_cmd` succeeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// A command (for `/bin/sh -c`) that succeeds once the start command's
+    /// work is ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
 }
 
 impl ImageConfig {
@@ -56,6 +65,8 @@ impl ImageConfig {
             user: nonempty(config.user()),
             entrypoint: config.entrypoint().clone().unwrap_or_default(),
             cmd: config.cmd().clone().unwrap_or_default(),
+            start_cmd: None,
+            ready_cmd: None,
         }
     }
 }
