@@ -98,6 +98,11 @@ impl From<DaemonError> for ApiError {
                 "sandbox_io_error",
                 message,
             ),
+            DaemonError::StepFailed(_) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "build_step_failed",
+                message,
+            ),
             DaemonError::NoSpace(_) => ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",

@@ -636,6 +636,11 @@ impl Build<'_> {
                         Vec::new(),
                     )
                     .await
+                    // There already, as Docker allows: nothing changes.
+                    .or_else(|e| match e {
+                        DaemonError::Conflict(_) => Ok(()),
+                        other => Err(other),
+                    })
             }
             _ => Ok(()),
         };
@@ -721,7 +726,7 @@ impl Build<'_> {
                         (None, None) => "ended".to_owned(),
                     };
                     let shown = String::from_utf8_lossy(&tail);
-                    return Err(DaemonError::InSandbox(if shown.trim().is_empty() {
+                    return Err(DaemonError::StepFailed(if shown.trim().is_empty() {
                         format!("the command {how}")
                     } else {
                         format!(
@@ -907,6 +912,7 @@ fn step_error(number: usize, step: &Step, error: DaemonError) -> DaemonError {
     match error {
         DaemonError::BadInput(m) => DaemonError::BadInput(format!("{what}: {m}")),
         DaemonError::InSandbox(m) => DaemonError::InSandbox(format!("{what} failed: {m}")),
+        DaemonError::StepFailed(m) => DaemonError::StepFailed(format!("{what} failed: {m}")),
         DaemonError::NotFound(m) => DaemonError::NotFound(format!("{what}: {m}")),
         DaemonError::Forbidden(m) => DaemonError::Forbidden(format!("{what}: {m}")),
         DaemonError::NoSpace(m) => DaemonError::NoSpace(format!("{what}: {m}")),

@@ -187,6 +187,11 @@ pub enum DaemonError {
     /// it, not the daemon's fault) (422).
     #[error("{0}")]
     InSandbox(String),
+    /// A template build's step failed (its command exited non-zero, was
+    /// killed or ran out of time) (422); the message names the step and
+    /// shows the end of its output.
+    #[error("{0}")]
+    StepFailed(String),
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
@@ -673,4 +678,15 @@ impl Daemon {
 
 pub(crate) fn not_found(id: &str) -> DaemonError {
     DaemonError::NotFound(format!("no sandbox {id}"))
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    #[test]
+    fn build_steps_reach_no_network_unless_the_operator_allows_it() {
+        let config = Config::new(PathBuf::from("/nowhere"));
+        assert_eq!(config.build_network, airlock_policy::NetworkPolicy::None);
+    }
 }

@@ -562,15 +562,13 @@ fn follow(answer: impl std::io::Read, bar: &ProgressBar, json: bool, what: &str)
             Some("base") => {
                 bar.set_message(format!("on {}", event["base"].as_str().unwrap_or_default()))
             }
-            Some("output") => {
-                if !json {
-                    let text = event["text"].as_str().unwrap_or_default();
-                    if bar.is_hidden() {
-                        eprint!("{text}");
-                    } else {
-                        for line in text.lines() {
-                            bar.println(format!("  {line}"));
-                        }
+            Some("output") if !json => {
+                let text = event["text"].as_str().unwrap_or_default();
+                if bar.is_hidden() {
+                    eprint!("{text}");
+                } else {
+                    for line in text.lines() {
+                        bar.println(format!("  {line}"));
                     }
                 }
             }

@@ -171,7 +171,7 @@ impl From<DaemonError> for ConnectError {
             DaemonError::Conflict(_) => Code::AlreadyExists,
             DaemonError::Forbidden(_) => Code::PermissionDenied,
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
-            DaemonError::InSandbox(_) => Code::Unknown,
+            DaemonError::InSandbox(_) | DaemonError::StepFailed(_) => Code::Unknown,
             DaemonError::Rejected(_) => Code::ResourceExhausted,
             DaemonError::Reconnecting(_) | DaemonError::Upstream(_) => Code::Unavailable,
             DaemonError::Unavailable(_) => {
