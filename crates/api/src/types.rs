@@ -196,6 +196,7 @@ impl CreateSandbox {
             template_name: template,
             metadata,
             layers: resolved.layers,
+            startup: airlock_daemon::startup::Startup::of(&resolved.config),
         })
     }
 

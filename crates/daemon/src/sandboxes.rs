@@ -32,6 +32,8 @@ struct Launching {
     started: Instant,
     access_token: String,
     request_id: String,
+    /// The template's start and ready commands, run before it is handed out.
+    startup: Option<crate::startup::Startup>,
     /// Closed when the create's requester went away.
     requester_gone: tokio::sync::oneshot::Receiver<()>,
 }
@@ -48,6 +50,8 @@ pub struct NewSandboxRequest {
     /// The layers of the layer store it runs on (by diff_id), recorded
     /// with it so they stay while it lives.
     pub layers: Vec<String>,
+    /// The template's start and ready commands (see [`crate::startup`]).
+    pub startup: Option<crate::startup::Startup>,
 }
 
 /// A sandbox just created.
@@ -267,6 +271,7 @@ impl Daemon {
                 started,
                 access_token,
                 request_id,
+                startup: request.startup,
                 requester_gone,
             };
             async move { daemon.launch(id, started_at).await }
@@ -292,6 +297,7 @@ impl Daemon {
             started,
             access_token,
             request_id,
+            startup,
             mut requester_gone,
         } = launching;
         let owner = &owner;
@@ -326,6 +332,7 @@ impl Daemon {
                 spec,
                 instance,
                 started,
+                startup.as_ref(),
             )
             .await
         {
@@ -365,6 +372,7 @@ impl Daemon {
         spec: SandboxSpec,
         instance: airlock_backend::Instance,
         started: Instant,
+        startup: Option<&crate::startup::Startup>,
     ) -> Result<SandboxRow, DaemonError> {
         let id = launch.id().to_owned();
         let request_id = launch.request_id().to_owned();
@@ -411,6 +419,10 @@ impl Daemon {
                 );
                 return Err(DaemonError::NotRunning(id));
             }
+        }
+        if let Some(startup) = startup {
+            let bound = Duration::from_millis(sandbox.spec.timeout_ms);
+            self.run_startup(&id, startup, bound, &request_id).await?;
         }
         let row = self
             .with_store(|s| s.get_sandbox(&id))?

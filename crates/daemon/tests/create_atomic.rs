@@ -166,6 +166,7 @@ fn request() -> NewSandboxRequest {
         template_name: "host".into(),
         metadata: Default::default(),
         layers: Vec::new(),
+        startup: None,
     }
 }
 
