@@ -146,8 +146,10 @@ impl Daemon {
                 return Ok(());
             }
             last = Some(ran);
-            tokio::time::sleep(READY_INTERVAL.min(deadline.saturating_duration_since(Instant::now())))
-                .await;
+            tokio::time::sleep(
+                READY_INTERVAL.min(deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 
