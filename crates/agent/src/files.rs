@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
+mod extract;
 mod listing;
 
 /// Largest `file_data` payload.
@@ -496,6 +497,20 @@ impl Files {
             append,
             chown: self.chown_for(owner),
         })
+    }
+
+    /// Starts the task of one open `extract` into `dir` (relative to the
+    /// home, like every path); feed it through the sender.
+    pub(crate) fn start_extract(
+        &self,
+        outbox: Outbox,
+        id: u64,
+        dir: &str,
+    ) -> Result<mpsc::Sender<WriteMsg>, Failure> {
+        let dir = self.resolve(dir)?;
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        tokio::spawn(extract::extract_task(outbox, id, dir, rx));
+        Ok(tx)
     }
 
     /// Starts the task of one open write; feed it through the sender.

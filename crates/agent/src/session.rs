@@ -265,6 +265,7 @@ impl Session {
                 self.open_write(id, &path, mode, create_parents, append, owner)
                     .await
             }
+            Request::Extract { dir } => self.open_extract(id, &dir).await,
             Request::WriteData => match self.writes.get(&id) {
                 Some(WriteSlot::Open(tx)) => {
                     // An error ends the task's interest; the frame is dropped.
@@ -363,6 +364,27 @@ impl Session {
         {
             Ok(target) => {
                 let tx = self.files.start_write(self.outbox.clone(), id, target);
+                self.writes.insert(id, WriteSlot::Open(tx));
+            }
+            Err(failure) => {
+                self.writes.insert(id, WriteSlot::Refused);
+                self.outbox.fail(id, failure).await;
+            }
+        }
+    }
+
+    async fn open_extract(&mut self, id: u64, dir: &str) {
+        if self.writes.contains_key(&id) {
+            self.outbox
+                .fail(
+                    id,
+                    Failure::invalid(format!("a write with id {id} is already open")),
+                )
+                .await;
+            return;
+        }
+        match self.files.start_extract(self.outbox.clone(), id, dir) {
+            Ok(tx) => {
                 self.writes.insert(id, WriteSlot::Open(tx));
             }
             Err(failure) => {

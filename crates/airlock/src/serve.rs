@@ -103,6 +103,27 @@ pub struct ServeArgs {
     /// cosign.pub): every pulled image must carry a signature by it.
     #[arg(long, value_name = "FILE")]
     image_signing_key: Option<PathBuf>,
+    /// What the sandboxes running template build steps (RUN) may reach:
+    /// `none` (the default) or `open`.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "none|open",
+        conflicts_with = "build_allow"
+    )]
+    build_net: Option<crate::net_args::NetMode>,
+    /// Let build steps reach what RULE matches (repeatable), e.g. the
+    /// package mirror: `deb.debian.org:80`; rules as `airlock run --allow`
+    /// takes them.
+    #[arg(long = "build-allow", value_name = "RULE")]
+    build_allow: Vec<airlock_policy::Rule>,
+    /// Longest one build step may run.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    build_step_timeout: std::time::Duration,
+    /// How long a build cache entry nobody used keeps its layer before
+    /// the collector evicts it.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    build_cache_ttl: std::time::Duration,
     /// Host directory under which API clients may bind-mount paths
     /// (repeatable). None by default.
     #[arg(long = "allow-mount", value_name = "DIR")]
@@ -295,6 +316,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
+    config.build_network = crate::net_args::NetArgs {
+        net: args.build_net,
+        allow: args.build_allow.clone(),
+    }
+    .policy();
+    config.build_step_timeout = args.build_step_timeout;
+    config.build_cache_ttl = args.build_cache_ttl;
     config.egress_worker = Some(crate::egress_worker::spawn(exe));
     config.audit = AuditLimits {
         file_bytes: args.audit_file_size,

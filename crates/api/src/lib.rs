@@ -183,6 +183,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(templates::import_template))
         .routes(routes!(templates::pull_template))
         .routes(routes!(templates::bootstrap_template))
+        .routes(routes!(templates::build_template))
         .routes(routes!(templates::template_sbom))
         .routes(routes!(templates::collect_garbage))
         .routes(routes!(metrics))
@@ -230,7 +231,7 @@ fn is_streamed_upload(request: &Request) -> bool {
     (request.method() == axum::http::Method::PUT && path.ends_with("/files"))
         || (request.method() == axum::http::Method::POST
             && path.starts_with("/v1/templates/")
-            && path.ends_with("/import"))
+            && (path.ends_with("/import") || path.ends_with("/build")))
 }
 
 /// Reads every request body (but uploads) whole, up to 1 MiB, before

@@ -9,6 +9,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::types::rfc3339;
 use crate::Api;
+use airlock_daemon::builds::{BuildEvent, BuildRequest};
 use airlock_daemon::templates::Collected;
 use airlock_layers::bootstrap::BootstrapProgress;
 use airlock_layers::ImportProgress;
@@ -72,6 +73,20 @@ pub struct CollectedView {
     pub abandoned: usize,
     /// Entries of the store that no record named.
     pub strays: usize,
+    /// Build cache entries evicted.
+    pub build_steps: usize,
+}
+
+/// Query of `POST /v1/gc`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct GcParams {
+    /// Evict the whole build cache first (by default only entries unused
+    /// for longer than the daemon's `--build-cache-ttl`), so the layers
+    /// only it held go too.
+    #[serde(default)]
+    pub build_cache: bool,
 }
 
 /// One line of an import's or a pull's NDJSON answer.
@@ -274,44 +289,14 @@ pub async fn import_template(
             "{name:?} cannot name a template: use 1 to 128 letters, digits and ._-: (not `host`)"
         )));
     }
-    let limit = api.daemon.config().max_image_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the archive is larger than the limit of {limit} bytes"),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    // The upload lands in the store's staging area: a crash leaves it for
-    // the collector, a failure removes it.
-    let staging = api.daemon.layer_store()?.stage().map_err(|e| {
-        airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
-    })?;
-    let archive_path = staging.path().join("archive.tar");
-    let mut file = std::fs::File::create(&archive_path).map_err(|e| {
-        airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
-    })?;
-    let mut received = 0u64;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|_| ApiError::bad_request("the upload was cut off"))?;
-        received += chunk.len() as u64;
-        if received > limit {
-            return Err(too_large());
-        }
-        // Small writes to a local file: not worth a blocking thread each.
-        file.write_all(&chunk).map_err(|e| {
-            airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
-        })?;
-    }
-    drop(file);
+    let (staging, archive_path, received) = receive_upload(
+        &api,
+        &headers,
+        body,
+        api.daemon.config().max_image_bytes,
+        "the archive",
+    )
+    .await?;
 
     let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
     let _ = events.try_send(TemplateEvent::Received { bytes: received });
@@ -344,8 +329,302 @@ pub async fn import_template(
     Ok(ndjson(receiver))
 }
 
+/// Receives an upload into a file of the layer store's staging area (a
+/// crash leaves it for the collector; dropping the staging removes it):
+/// the staging, the file and its length. Over `limit` bytes is 413.
+async fn receive_upload(
+    api: &Api,
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    what: &str,
+) -> Result<(airlock_layers::store::Staging, std::path::PathBuf, u64)> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("{what} is larger than the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let staging = api.daemon.layer_store()?.stage().map_err(|e| {
+        airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
+    })?;
+    let path = staging.path().join("upload");
+    let mut file = std::fs::File::create(&path).map_err(|e| {
+        airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
+    })?;
+    let mut received = 0u64;
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| ApiError::bad_request("the upload was cut off"))?;
+        received += chunk.len() as u64;
+        if received > limit {
+            return Err(too_large());
+        }
+        // Small writes to a local file: not worth a blocking thread each.
+        file.write_all(&chunk).map_err(|e| {
+            airlock_daemon::DaemonError::Internal(format!("cannot stage an upload: {e}"))
+        })?;
+    }
+    Ok((staging, path, received))
+}
+
+/// One line of a build's NDJSON answer.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BuildLine {
+    /// The base is ready: its name or image reference, and its digest.
+    Base { base: String, digest: String },
+    /// Step `index` (from 1) of `total` starts; `cached`: its layer comes
+    /// from the build cache and nothing runs.
+    Step {
+        index: usize,
+        total: usize,
+        instruction: String,
+        cached: bool,
+    },
+    /// Output of step `index`'s command (`stream`: `stdout` or `stderr`).
+    Output {
+        index: usize,
+        stream: String,
+        text: String,
+    },
+    /// Step `index` made a layer in `ms` milliseconds.
+    Layer {
+        index: usize,
+        diff_id: String,
+        bytes: u64,
+        ms: u64,
+    },
+    /// Something the Dockerfile says that changes nothing (sent first).
+    Warning { message: String },
+    /// The template, recorded.
+    Done { template: TemplateView },
+    /// The build failed (the message names the step); no template was
+    /// recorded.
+    Error { code: String, message: String },
+}
+
+impl From<BuildEvent> for BuildLine {
+    fn from(event: BuildEvent) -> BuildLine {
+        match event {
+            BuildEvent::Base { base, digest } => BuildLine::Base { base, digest },
+            BuildEvent::Step {
+                index,
+                total,
+                instruction,
+                cached,
+            } => BuildLine::Step {
+                index,
+                total,
+                instruction,
+                cached,
+            },
+            BuildEvent::Output {
+                index,
+                stream,
+                text,
+            } => BuildLine::Output {
+                index,
+                stream: stream.to_owned(),
+                text,
+            },
+            BuildEvent::Layer {
+                index,
+                diff_id,
+                bytes,
+                ms,
+            } => BuildLine::Layer {
+                index,
+                diff_id,
+                bytes,
+                ms,
+            },
+        }
+    }
+}
+
+/// Query of `POST /v1/templates/{name}/build`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct BuildParams {
+    /// The Dockerfile's path in the context (`Dockerfile` when absent).
+    /// `.airlock-dockerfile` (what the CLI sends for a Dockerfile outside
+    /// the context) is removed from the context once read.
+    pub dockerfile: Option<String>,
+    /// `ARG` values: a JSON object of strings.
+    pub build_args: Option<String>,
+    /// Run every step, even those the build cache holds.
+    #[serde(default)]
+    pub no_cache: bool,
+}
+
+/// The Dockerfile name the CLI gives a Dockerfile from outside the context.
+pub const SENT_DOCKERFILE: &str = ".airlock-dockerfile";
+/// The largest Dockerfile read.
+const MAX_DOCKERFILE_BYTES: u64 = 1 << 20;
+
+/// Builds template `name` from a Dockerfile (admin), replacing one of
+/// that name once the build succeeds. The body is the build context as a
+/// tar (plain, gzip or zstd) holding the Dockerfile. Each RUN runs in a
+/// sandbox of the build under the operator's build network policy; each
+/// RUN and COPY makes a layer, cached by its inputs. The answer is NDJSON:
+/// `base`, then per step `step` (with `cached`), `output` lines and
+/// `layer`, then `done` with the template or `error` naming the step. A
+/// Dockerfile that cannot be built is refused (400) before anything runs,
+/// naming its line.
+#[utoipa::path(post, path = "/v1/templates/{name}/build", tag = "templates",
+    params(("name" = String, Path, description = "Template name"), BuildParams),
+    request_body(content = String, content_type = "application/x-tar", description = "The build context: a tar (plain, gzip or zstd) holding the Dockerfile"),
+    responses(
+        (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = BuildLine),
+        (status = 400, description = "Bad name, context or Dockerfile", body = ErrorBody),
+        (status = 403, description = "Not an admin key", body = ErrorBody),
+        (status = 409, description = "The template is being built already", body = ErrorBody),
+        (status = 413, description = "Over the upload size limit", body = ErrorBody),
+    ))]
+pub async fn build_template(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    params: std::result::Result<Query<BuildParams>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let owner = caller.admin()?.clone();
+    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    airlock_daemon::templates::check_new_template_name(&name)?;
+    let build_args: std::collections::BTreeMap<String, String> = match &params.build_args {
+        None => Default::default(),
+        Some(json) => serde_json::from_str(json).map_err(|e| {
+            ApiError::bad_request(format!("build_args must be a JSON object of strings: {e}"))
+        })?,
+    };
+    let dockerfile = params
+        .dockerfile
+        .clone()
+        .unwrap_or_else(|| "Dockerfile".to_owned());
+    if airlock_build::spec::source_problem(&dockerfile).is_some() || dockerfile.contains('*') {
+        return Err(ApiError::bad_request(format!(
+            "dockerfile: {dockerfile:?} is not a path inside the context"
+        )));
+    }
+    let (upload, archive, _) = receive_upload(
+        &api,
+        &headers,
+        body,
+        api.daemon.config().max_upload_bytes,
+        "the build context",
+    )
+    .await?;
+    let context = api.daemon.stage_build_context()?;
+    let daemon = api.daemon.clone();
+    let shown = dockerfile.clone();
+    let (context, text) = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&archive).map_err(|e| {
+            airlock_daemon::DaemonError::Internal(format!("cannot read an upload: {e}"))
+        })?;
+        daemon.unpack_build_context(&context, file, airlock_build::context::DEFAULT_MAX_BYTES)?;
+        drop(upload);
+        let text = read_dockerfile(context.path(), &dockerfile)?;
+        if dockerfile == SENT_DOCKERFILE {
+            let _ = std::fs::remove_file(context.path().join(SENT_DOCKERFILE));
+        }
+        Ok::<_, airlock_daemon::DaemonError>((context, text))
+    })
+    .await
+    .map_err(|e| {
+        airlock_daemon::DaemonError::Internal(format!("the context's unpacking was lost: {e}"))
+    })??;
+    let parsed = airlock_build::dockerfile::parse(&text, &build_args)
+        .map_err(|e| ApiError::bad_request(format!("{shown}: {e}")))?;
+    let request = BuildRequest {
+        name,
+        spec: parsed.spec.clone(),
+        context: Some(context.path().to_owned()),
+        step_contexts: Default::default(),
+        no_cache: params.no_cache,
+        start_cmd: None,
+        ready_cmd: None,
+        source: "dockerfile".to_owned(),
+    };
+    let (lines, receiver) = tokio::sync::mpsc::channel::<BuildLine>(256);
+    for warning in &parsed.warnings {
+        let _ = lines.try_send(BuildLine::Warning {
+            message: format!("{shown}: {warning}"),
+        });
+    }
+    let progress = lines.clone();
+    let events: airlock_daemon::builds::BuildEvents = std::sync::Arc::new(move |event| {
+        // A slow reader loses output and progress, never the result.
+        let _ = progress.try_send(BuildLine::from(event));
+    });
+    let daemon = api.daemon.clone();
+    // The build goes on if the client goes away; its step sandboxes are
+    // removed either way.
+    tokio::spawn(async move {
+        let built = daemon.build_template(&owner, request, events).await;
+        drop(context);
+        let line = match outcome(Api { daemon }, built) {
+            TemplateEvent::Done { template } => BuildLine::Done { template },
+            TemplateEvent::Error { code, message } => BuildLine::Error { code, message },
+            _ => return,
+        };
+        let _ = lines.send(line).await;
+    });
+    Ok(ndjson(receiver))
+}
+
+/// The Dockerfile `name` of the context `dir`, at most 1 MiB of UTF-8,
+/// resolved beneath `dir` through no symlink (the context is the
+/// client's).
+fn read_dockerfile(
+    dir: &std::path::Path,
+    name: &str,
+) -> std::result::Result<String, airlock_daemon::DaemonError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use std::io::Read;
+    let bad = |why: &str| airlock_daemon::DaemonError::BadInput(format!("{name}: {why}"));
+    let root = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        airlock_daemon::DaemonError::Internal(format!("cannot open the build context: {e}"))
+    })?;
+    let fd = rustix::fs::openat2(
+        &root,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|_| bad("there is no such file in the build context (symlinks are not followed)"))?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Err(bad("not a regular file"));
+    }
+    let mut text = String::new();
+    file.take(MAX_DOCKERFILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|_| bad("not UTF-8 text"))?;
+    if text.len() as u64 > MAX_DOCKERFILE_BYTES {
+        return Err(bad("larger than 1 MiB"));
+    }
+    Ok(text)
+}
+
 /// The events from `receiver`, one JSON document a line.
-fn ndjson(receiver: tokio::sync::mpsc::Receiver<TemplateEvent>) -> Response {
+fn ndjson<T: Serialize + Send + 'static>(receiver: tokio::sync::mpsc::Receiver<T>) -> Response {
     let lines = tokio_stream::wrappers::ReceiverStream::new(receiver).map(|event| {
         let mut line = serde_json::to_vec(&event).unwrap_or_default();
         line.push(b'\n');
@@ -500,9 +779,12 @@ pub async fn pull_template(
     Ok(ndjson(receiver))
 }
 
-/// Removes every layer that no template and no live sandbox references,
-/// and whatever the layer store holds that no record names (admin).
+/// Removes every layer that no template, no live sandbox and no build
+/// cache entry references, and whatever the layer store holds that no
+/// record names (admin), after evicting stale build cache entries (all
+/// with `build_cache=true`).
 #[utoipa::path(post, path = "/v1/gc", tag = "templates",
+    params(GcParams),
     responses(
         (status = 200, description = "What was removed", body = CollectedView),
         (status = 403, description = "Not an admin key", body = ErrorBody),
@@ -510,14 +792,17 @@ pub async fn pull_template(
 pub async fn collect_garbage(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
+    params: std::result::Result<Query<GcParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<CollectedView>> {
     caller.admin()?;
+    let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let daemon = api.daemon.clone();
     let Collected {
         layers,
         abandoned,
         strays,
-    } = tokio::task::spawn_blocking(move || daemon.collect_garbage())
+        build_steps,
+    } = tokio::task::spawn_blocking(move || daemon.collect_garbage_with(params.build_cache))
         .await
         .map_err(|e| {
             airlock_daemon::DaemonError::Internal(format!("the collector failed: {e}"))
@@ -526,5 +811,6 @@ pub async fn collect_garbage(
         layers,
         abandoned,
         strays,
+        build_steps,
     }))
 }

@@ -164,6 +164,30 @@ pub struct DestroyError {
     pub what: String,
 }
 
+/// A sandbox's writable layer could not be exported.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The tier keeps no writable layer it can read.
+    #[error("the {tier} tier cannot export a sandbox's writable layer")]
+    Unsupported { tier: &'static str },
+    /// The daemon keeps writable layers in memory.
+    #[error("writable layers are kept in memory here; exporting one needs them on disk (airlock serve --writable-layers disk)")]
+    NotOnDisk,
+    /// The sandbox runs no template of layers (its writable layer is its
+    /// whole root, not changes over one).
+    #[error("sandbox {0} runs no template of layers, so it has no changes to export")]
+    NoLayers(String),
+    /// No writable layer of that sandbox is here.
+    #[error("sandbox {0} has no writable layer here")]
+    NotFound(String),
+    /// Reading the layer failed.
+    #[error(transparent)]
+    Snapshot(#[from] airlock_layers::snapshot::SnapshotError),
+    /// The blocking task that read it was lost.
+    #[error("the export was interrupted")]
+    Interrupted,
+}
+
 /// One isolation tier.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -216,6 +240,24 @@ pub trait Backend: Send + Sync + 'static {
     /// sandbox already gone is a success. `resources` is what was recorded,
     /// if anything.
     async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError>;
+
+    /// Writes what sandbox `id` changed of its template (its overlay's
+    /// writable layer) to `out` as an uncompressed OCI layer tar stream,
+    /// owners as the sandbox sees them (see
+    /// `airlock_layers::snapshot`). For template builds and, later,
+    /// snapshots; the sandbox should be idle while it runs (a node that
+    /// changes while it is read fails the export). Tiers that keep no such
+    /// layer say so.
+    async fn export_writable_layer(
+        &self,
+        id: &str,
+        out: Box<dyn std::io::Write + Send>,
+    ) -> Result<airlock_layers::snapshot::Snapshotted, ExportError> {
+        let _ = (id, out);
+        Err(ExportError::Unsupported {
+            tier: self.tier().as_str(),
+        })
+    }
 
     /// Current usage of a live sandbox; `None` if it is not running.
     fn usage(&self, id: &str) -> Option<Usage>;

@@ -464,6 +464,25 @@ struct Counts {
     skipped: usize,
 }
 
+/// The directory a COPY's stream is named relative to, and the name of
+/// its one file when the destination is a file: with a directory
+/// destination (see [`Context::pack_sources`]) `dest` itself and no name.
+fn layout(dest: &str, options: &PackOptions, all: &[Vec<Match>]) -> (String, Option<String>) {
+    let total: usize = all.iter().map(Vec::len).sum();
+    let dir_form = dest.ends_with('/')
+        || total > 1
+        || options.dest_is_dir
+        || all.iter().flatten().any(|m| kind(&m.stat) == Kind::Dir);
+    let cleaned = resolve_path("/", dest);
+    if dir_form {
+        (cleaned, None)
+    } else {
+        let at = cleaned.rfind('/').unwrap_or(0);
+        let parent = if at == 0 { "/" } else { &cleaned[..at] };
+        (parent.to_owned(), Some(cleaned[at + 1..].to_owned()))
+    }
+}
+
 /// How a match's entries are named in the destination directory.
 enum Naming<'a> {
     /// A directory: its contents go in, its own entry does not.
@@ -568,19 +587,7 @@ impl Context {
         for source in sources {
             all.push(self.resolve(source, &mut counts)?);
         }
-        let total: usize = all.iter().map(Vec::len).sum();
-        let dir_form = dest.ends_with('/')
-            || total > 1
-            || options.dest_is_dir
-            || all.iter().flatten().any(|m| kind(&m.stat) == Kind::Dir);
-        let cleaned = resolve_path("/", dest);
-        let (dir, file_name) = if dir_form {
-            (cleaned, None)
-        } else {
-            let at = cleaned.rfind('/').unwrap_or(0);
-            let parent = if at == 0 { "/" } else { &cleaned[..at] };
-            (parent.to_owned(), Some(cleaned[at + 1..].to_owned()))
-        };
+        let (dir, file_name) = layout(dest, options, &all);
         let mut sink = TarSink {
             hasher: Hasher::new(),
             tar: tar::Builder::new(out),
@@ -609,6 +616,33 @@ impl Context {
                 skipped: counts.skipped,
             },
         })
+    }
+
+    /// The directory [`Context::pack_sources`] names its entries relative
+    /// to for these sources and destination (what the executor unpacks
+    /// the stream into), known before the stream is written.
+    pub fn pack_dir(
+        &self,
+        sources: &[String],
+        dest: &str,
+        options: &PackOptions,
+    ) -> Result<String, ContextError> {
+        if !dest.starts_with('/') {
+            return Err(ContextError::Destination {
+                dest: dest.chars().take(256).collect(),
+            });
+        }
+        let mut counts = Counts {
+            entries: 0,
+            bytes: 0,
+            listed: 0,
+            skipped: 0,
+        };
+        let mut all = Vec::with_capacity(sources.len());
+        for source in sources {
+            all.push(self.resolve(source, &mut counts)?);
+        }
+        Ok(layout(dest, options, &all).0)
     }
 
     /// The matches of one source, sorted, checked.

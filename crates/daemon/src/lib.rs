@@ -90,6 +90,14 @@ pub struct Config {
     /// How to start the confined egress worker; `None` serves egress from
     /// the daemon's own process (tests without the binary).
     pub egress_worker: Option<airlock_egress::WorkerSpawn>,
+    /// What the sandboxes running template build steps may reach (`none`
+    /// unless the operator allows e.g. the package mirror).
+    pub build_network: airlock_policy::NetworkPolicy,
+    /// Longest a build step may run.
+    pub build_step_timeout: Duration,
+    /// How long an unused build cache entry keeps its layer: the collector
+    /// evicts older ones.
+    pub build_cache_ttl: Duration,
 }
 
 /// What the machine can give one sandbox at most.
@@ -141,6 +149,9 @@ impl Config {
             audit: audit::AuditLimits::default(),
             egress_limits: airlock_egress::EgressLimits::default(),
             egress_worker: None,
+            build_network: airlock_policy::NetworkPolicy::None,
+            build_step_timeout: Duration::from_secs(3600),
+            build_cache_ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -51,6 +51,9 @@ pub struct Collected {
     pub abandoned: usize,
     /// Entries under the store's layers that no record named.
     pub strays: usize,
+    /// Build cache entries evicted (unused for longer than the cache's
+    /// lifetime, or all on request), whose layers could then go.
+    pub build_steps: usize,
 }
 
 /// Whether `name` may name a template: 1 to 128 of letters, digits and
@@ -66,7 +69,7 @@ pub fn is_template_name(name: &str) -> bool {
 }
 
 /// A template being built; the mark goes with it.
-struct Building {
+pub(crate) struct Building {
     daemon: Daemon,
     name: String,
 }
@@ -93,7 +96,7 @@ pub fn check_new_template_name(name: &str) -> Result<(), DaemonError> {
 }
 
 /// The daemon's error for a failed pull.
-fn pull_error(error: PullError) -> DaemonError {
+pub(crate) fn pull_error(error: PullError) -> DaemonError {
     let message = airlock_backend::error_chain(&error);
     match error {
         PullError::NoRegistries | PullError::NotAllowed { .. } | PullError::Signature(_) => {
@@ -323,7 +326,7 @@ impl Daemon {
     }
 
     /// Marks `name` as being built until the guard goes; 409 if it is.
-    fn start_building(&self, name: &str) -> Result<Building, DaemonError> {
+    pub(crate) fn start_building(&self, name: &str) -> Result<Building, DaemonError> {
         let mut building = self
             .inner
             .building
@@ -442,11 +445,24 @@ impl Daemon {
     }
 
     /// Removes every layer nothing references, and whatever the layer
-    /// store holds that no record names. Blocking.
+    /// store holds that no record names, after evicting the build cache's
+    /// stale entries. Blocking.
     pub fn collect_garbage(&self) -> Result<Collected, DaemonError> {
+        self.collect_garbage_with(false)
+    }
+
+    /// [`Daemon::collect_garbage`], evicting the whole build cache when
+    /// `whole_build_cache`.
+    pub fn collect_garbage_with(&self, whole_build_cache: bool) -> Result<Collected, DaemonError> {
         let store = self.layer_store()?;
         let _collecting = self.inner.layers_lock.blocking_write();
         let mut collected = Collected::default();
+        let before = if whole_build_cache {
+            i64::MAX
+        } else {
+            crate::audit::now_ms().saturating_sub(self.config().build_cache_ttl.as_millis() as i64)
+        };
+        collected.build_steps = self.with_store(|s| s.evict_build_steps(before))?;
         let swept = store
             .sweep()
             .map_err(|e| DaemonError::Internal(format!("sweeping the layer store: {e}")))?;
@@ -508,6 +524,7 @@ impl Daemon {
             match tokio::task::spawn_blocking(move || daemon.collect_garbage()).await {
                 Ok(Ok(collected)) if collected != Collected::default() => tracing::info!(
                     layers = collected.layers.len(),
+                    build_steps = collected.build_steps,
                     abandoned = collected.abandoned,
                     strays = collected.strays,
                     "collected the layer store"

@@ -191,6 +191,28 @@ fn mkdir(path: &str, mode: u32, owner: u32) -> SetupOp {
     }
 }
 
+/// What the setup of a sandbox on a template writes into its writable
+/// layer itself, not its processes: the files it generates (its hostname,
+/// hosts and resolver) and the directories it makes or sets the mode of
+/// (mount points among them), relative to the root. An export of the
+/// layer leaves them out (`airlock_layers::snapshot::Elide`).
+pub fn template_setup_paths() -> (Vec<String>, Vec<String>) {
+    let spec = SandboxSpec {
+        template: Template::Layers { layers: Vec::new() },
+        ..SandboxSpec::default()
+    };
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    for op in plan(&spec, &HostFacts::default(), "").ops {
+        match op {
+            SetupOp::WriteFile { path, .. } => files.push(path),
+            SetupOp::Mkdir { path, .. } => dirs.push(path),
+            _ => {}
+        }
+    }
+    (files, dirs)
+}
+
 /// Builds the setup plan for `spec`. `hostname` goes into /etc/hostname and
 /// /etc/hosts.
 pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan {

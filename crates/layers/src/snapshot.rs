@@ -95,7 +95,7 @@ use rustix::fs::{
     Stat, CWD,
 };
 use rustix::io::Errno;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::OwnedFd;
@@ -176,6 +176,8 @@ pub struct Snapshotted {
     pub unmapped_ids: u64,
     /// Tar hard links written.
     pub hard_links: u64,
+    /// Nodes left out because [`Elide::nodes`] names them.
+    pub elided: u64,
 }
 
 /// Why an upper could not be written out.
@@ -247,21 +249,29 @@ impl fmt::Display for BadName {
     }
 }
 
-/// Writes the overlayfs upper directory `upper` as an uncompressed OCI
-/// layer tar stream to `out`, owners mapped back through `ids`, under
-/// `limits`. See the module documentation for what is read, carried,
-/// stripped, skipped and refused.
-///
-/// # Errors
-///
-/// [`SnapshotError`]: an upper that cannot be opened or read, a node that
-/// changes while it is read, one that cannot be a layer's entry, an upper
-/// over its limits, or a failed write. What was written is then no layer.
-pub fn write_layer(
+/// What a tier's own setup of a sandbox left in its upper and a layer
+/// must not carry (Docker keeps the same out of its layers through its
+/// "init" layer): paths relative to the upper's root, without a leading
+/// or trailing `/`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Elide {
+    /// Nodes left out whatever they are (generated files such as
+    /// `etc/hostname`: the build sandbox's identity, not the image's).
+    pub nodes: HashSet<Vec<u8>>,
+    /// Directories left out unless something beneath them is written (the
+    /// mount points and directories the setup makes or chmods, copied up
+    /// whether or not the sandbox changed them). An opaque one is always
+    /// written.
+    pub dirs: HashSet<Vec<u8>>,
+}
+
+/// [`write_layer`] leaving out what `elide` names.
+pub fn write_layer_eliding(
     upper: &Path,
     ids: &IdMap,
     out: impl Write,
     limits: &SnapshotLimits,
+    elide: &Elide,
 ) -> Result<Snapshotted, SnapshotError> {
     let root = openat(CWD, upper, DIR_FLAGS, Mode::empty()).map_err(|e| SnapshotError::Open {
         upper: upper.to_owned(),
@@ -279,8 +289,29 @@ pub fn write_layer(
         buf: vec![0; 64 << 10],
         xattrs: vec![0; 64 << 10],
         done: Snapshotted::default(),
+        elide,
+        pending: Vec::new(),
     };
     walk.run(root)
+}
+
+/// Writes the overlayfs upper directory `upper` as an uncompressed OCI
+/// layer tar stream to `out`, owners mapped back through `ids`, under
+/// `limits`. See the module documentation for what is read, carried,
+/// stripped, skipped and refused.
+///
+/// # Errors
+///
+/// [`SnapshotError`]: an upper that cannot be opened or read, a node that
+/// changes while it is read, one that cannot be a layer's entry, an upper
+/// over its limits, or a failed write. What was written is then no layer.
+pub fn write_layer(
+    upper: &Path,
+    ids: &IdMap,
+    out: impl Write,
+    limits: &SnapshotLimits,
+) -> Result<Snapshotted, SnapshotError> {
+    write_layer_eliding(upper, ids, out, limits, &Elide::default())
 }
 
 /// How directories are opened: readable (to list them and their xattrs).
@@ -298,7 +329,7 @@ const FILE_FLAGS: OFlags = OFlags::RDONLY
 const PATH_FLAGS: OFlags = OFlags::PATH.union(OFlags::NOFOLLOW).union(OFlags::CLOEXEC);
 
 /// The walk of one upper and what it wrote so far.
-struct Walk<W: Write> {
+struct Walk<'e, W: Write> {
     ids: IdMap,
     limits: SnapshotLimits,
     out: BufWriter<W>,
@@ -316,6 +347,10 @@ struct Walk<W: Write> {
     buf: Vec<u8>,
     xattrs: Vec<u8>,
     done: Snapshotted,
+    elide: &'e Elide,
+    /// Directory entries held back (elidable, nothing beneath written
+    /// yet), outermost first: each one's header and name.
+    pending: Vec<(Header, Vec<u8>)>,
 }
 
 /// A directory on the way down.
@@ -416,7 +451,7 @@ fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
     path
 }
 
-impl<W: Write> Walk<W> {
+impl<W: Write> Walk<'_, W> {
     fn run(mut self, root: OwnedFd) -> Result<Snapshotted, SnapshotError> {
         let st = fstat(&root).map_err(io_at("look at", b""))?;
         self.dev = st.st_dev;
@@ -430,6 +465,14 @@ impl<W: Write> Walk<W> {
         }];
         while let Some(top) = stack.last_mut() {
             let Some(name) = top.names.next() else {
+                // Left with nothing beneath it written: it stays out.
+                if self
+                    .pending
+                    .last()
+                    .is_some_and(|(_, name)| name.strip_suffix(b"/") == Some(&self.path[..]))
+                {
+                    self.pending.pop();
+                }
                 stack.pop();
                 let Some(parent) = stack.last() else {
                     break;
@@ -479,6 +522,10 @@ impl<W: Write> Walk<W> {
         }
         if path.len() > MAX_PATH {
             return Err(bad(BadName::TooLong));
+        }
+        if self.elide.nodes.contains(&path) {
+            self.done.elided += 1;
+            return Ok(None);
         }
         let st = match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
@@ -562,7 +609,12 @@ impl<W: Write> Walk<W> {
             path.clone()
         };
         name.push(b'/');
-        self.put(header(EntryType::Directory, &meta, 0), &name, None)?;
+        if !opaque && self.elide.dirs.contains(&path) {
+            self.pending
+                .push((header(EntryType::Directory, &meta, 0), name.clone()));
+        } else {
+            self.put(header(EntryType::Directory, &meta, 0), &name, None)?;
+        }
         if opaque {
             name.extend_from_slice(OPAQUE_MARKER);
             self.put(marker_header(), &name, None)?;
@@ -743,6 +795,19 @@ impl<W: Write> Walk<W> {
     /// Writes one entry's header (after GNU long-name records for a long
     /// `link` or `name`), counted toward the entries limit.
     fn put(
+        &mut self,
+        header: Header,
+        name: &[u8],
+        link: Option<&[u8]>,
+    ) -> Result<(), SnapshotError> {
+        // Something beneath the held-back directories: they go first.
+        for (header, name) in std::mem::take(&mut self.pending) {
+            self.put_entry(header, &name, None)?;
+        }
+        self.put_entry(header, name, link)
+    }
+
+    fn put_entry(
         &mut self,
         mut header: Header,
         name: &[u8],

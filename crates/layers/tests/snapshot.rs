@@ -7,7 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use airlock_layers::snapshot::{
-    write_layer, BadName, IdMap, SnapshotError, SnapshotLimits, Snapshotted,
+    write_layer, write_layer_eliding, BadName, Elide, IdMap, SnapshotError, SnapshotLimits,
+    Snapshotted,
 };
 use airlock_layers::unpack::{unpack_layer, Limit, UnpackLimits};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, XattrFlags, CWD};
@@ -253,6 +254,7 @@ fn the_layer_has_the_uppers_entries_in_order_with_whiteouts_and_markers() {
             stripped_setid: 1,
             unmapped_ids: 1,
             hard_links: 1,
+            elided: 0,
         }
     );
 }
@@ -853,4 +855,61 @@ fn a_real_overlays_changes_frozen_and_stacked_give_the_same_merged_view() {
         listing(&p("remerged"), true)
     };
     assert_eq!(after, before);
+}
+
+#[test]
+fn the_setups_files_and_untouched_directories_are_left_out() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let upper = tmp.path().join("upper");
+    let base = IDS.host_base_uid;
+    dir(&upper, 0o755, base, base);
+    // What a sandbox's setup leaves: generated files and mount points.
+    dir(&upper.join("etc"), 0o755, base, base);
+    file(&upper.join("etc/hostname"), b"sbx\n", 0o644, base, base);
+    file(
+        &upper.join("etc/hosts"),
+        b"127.0.0.1 sbx\n",
+        0o644,
+        base,
+        base,
+    );
+    dir(&upper.join("proc"), 0o555, base, base);
+    dir(&upper.join("mnt"), 0o755, base, base);
+    dir(&upper.join("mnt/user-data"), 0o755, base, base);
+    // What the step did: a file in a directory the setup touched, and an
+    // empty directory of its own beneath an elidable one.
+    dir(&upper.join("tmp"), 0o1777, base, base);
+    file(
+        &upper.join("tmp/made"),
+        b"x",
+        0o644,
+        base + 1000,
+        base + 1000,
+    );
+    dir(&upper.join("mnt/mine"), 0o700, base, base);
+    let elide = Elide {
+        nodes: ["etc/hostname", "etc/hosts"]
+            .iter()
+            .map(|p| p.as_bytes().to_vec())
+            .collect(),
+        dirs: ["etc", "proc", "mnt", "mnt/user-data", "tmp"]
+            .iter()
+            .map(|p| p.as_bytes().to_vec())
+            .collect(),
+    };
+    let mut out = Vec::new();
+    let done =
+        write_layer_eliding(&upper, &IDS, &mut out, &SnapshotLimits::default(), &elide).unwrap();
+    let names: Vec<String> = entries(&out).into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["./", "mnt/", "mnt/mine/", "tmp/", "tmp/made"]);
+    assert_eq!(done.elided, 2);
+    assert_eq!(done.entries, 5);
+    // Nothing of the step's: only the root.
+    std::fs::remove_file(upper.join("tmp/made")).unwrap();
+    std::fs::remove_dir(upper.join("mnt/mine")).unwrap();
+    let mut out = Vec::new();
+    let done =
+        write_layer_eliding(&upper, &IDS, &mut out, &SnapshotLimits::default(), &elide).unwrap();
+    assert_eq!(done.entries, 1);
 }

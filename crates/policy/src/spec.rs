@@ -103,6 +103,15 @@ pub enum Tier {
     Process,
 }
 
+impl Tier {
+    /// The tier's name, as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Process => "process",
+        }
+    }
+}
+
 /// Resource limits of one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

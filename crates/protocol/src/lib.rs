@@ -36,9 +36,10 @@
 //! Version history: **1**, the first; **2**, the host's greeting carries
 //! the range it speaks (`oldest`). Agents of version 1 refuse a greeting
 //! with a range (their `hello` knows only `version`) and stay usable: the
-//! host then greets them again as version 1 did.
+//! host then greets them again as version 1 did; **3**, `extract` (a tar
+//! stream unpacked in the sandbox, for template builds).
 //!
-//! The JSON schema of both directions is checked in as `schema/v2.json`
+//! The JSON schema of both directions is checked in as `schema/v3.json`
 //! (named after [`PROTOCOL_VERSION`]); a test fails when the types drift
 //! from it, so every change is deliberate.
 #![forbid(unsafe_code)]
@@ -55,7 +56,7 @@ pub use codec::{
 pub use messages::*;
 
 /// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The oldest protocol version this build still speaks.
 pub const OLDEST_PROTOCOL_VERSION: u32 = 1;

@@ -91,10 +91,20 @@ pub enum Request {
         #[serde(default)]
         owner: Identity,
     },
-    /// A chunk of the file opened by the `write_file` with this id (payload).
+    /// A chunk of the file opened by the `write_file` (or the stream of the
+    /// `extract`) with this id (payload).
     WriteData,
-    /// The end of the file opened by the `write_file` with this id.
+    /// The end of the file opened by the `write_file` (or the stream of the
+    /// `extract`) with this id.
     WriteEnd,
+    /// Unpacks a tar stream into `dir` (made with its parents when
+    /// missing), as root inside the sandbox: entries keep the modes,
+    /// numeric owners and modification times the stream gives, and stay
+    /// inside `dir` as it resolves in the sandbox. The stream follows in
+    /// `write_data` frames with the same id, then `write_end`; the final
+    /// answer is `written` with the stream's length. What a template
+    /// build's COPY sends. Added in version 3: an older agent refuses it.
+    Extract { dir: String },
     /// Answered by a final `stat`.
     Stat { path: String },
     /// Lists a directory to `depth` levels (1 = direct children). Answered by

@@ -27,6 +27,10 @@ pub enum TemplateCommand {
     /// template: the `base` template (Python, Node.js, git, curl, sudo,
     /// user `user`), or NAME with the packages given.
     Bootstrap(BootstrapArgs),
+    /// Build a template from a Dockerfile: FROM a template or an image,
+    /// each RUN in a sandbox of the build, each RUN and COPY a cached
+    /// layer.
+    Build(BuildArgs),
     /// List templates.
     Ls(LsArgs),
     /// Show one template: its digest, layers and start configuration.
@@ -93,6 +97,30 @@ pub struct BootstrapArgs {
 }
 
 #[derive(Args)]
+pub struct BuildArgs {
+    /// The build context: the directory COPY sources are relative to
+    /// (its `.dockerignore` leaves files out).
+    context: PathBuf,
+    /// The Dockerfile [default: CONTEXT/Dockerfile].
+    #[arg(long, short = 'f', value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// The template's name.
+    #[arg(long = "tag", short = 't', value_name = "NAME")]
+    name: String,
+    /// An `ARG` value (repeatable).
+    #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+    build_args: Vec<String>,
+    /// Run every step, even those the build cache holds.
+    #[arg(long)]
+    no_cache: bool,
+    /// Print the build's events and the template as JSON lines.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
+#[derive(Args)]
 pub struct LsArgs {
     /// Print the daemon's template views as a JSON array.
     #[arg(long)]
@@ -131,6 +159,11 @@ pub struct RmArgs {
 /// `airlock gc`.
 #[derive(Args)]
 pub struct GcArgs {
+    /// Empty the build cache too (by default only entries unused for
+    /// longer than the daemon's --build-cache-ttl go), so the layers only
+    /// it holds are removed.
+    #[arg(long)]
+    build_cache: bool,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -149,6 +182,7 @@ pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
             print_template(&template, args.json);
             Ok(ExitCode::SUCCESS)
         }
+        TemplateCommand::Build(args) => build(args),
         TemplateCommand::Ls(args) => ls(args),
         TemplateCommand::Inspect(args) => inspect(args),
         TemplateCommand::Rm(args) => rm(args),
@@ -217,6 +251,126 @@ fn pull(args: &PullArgs) -> Result<ExitCode> {
     let template = follow(answer, &bar, args.json, "pull")?;
     print_template(&template, args.json);
     Ok(ExitCode::SUCCESS)
+}
+
+fn build(args: &BuildArgs) -> Result<ExitCode> {
+    let mut build_args = serde_json::Map::new();
+    for arg in &args.build_args {
+        let (name, value) = arg
+            .split_once('=')
+            .with_context(|| format!("--build-arg {arg}: write NAME=VALUE"))?;
+        build_args.insert(name.to_owned(), Value::String(value.to_owned()));
+    }
+    let context = args.context.clone();
+    if !context.is_dir() {
+        bail!("{} is not a directory", context.display());
+    }
+    // A Dockerfile inside the context is sent where it is; one outside
+    // travels under a name the daemon removes once read.
+    let default = context.join("Dockerfile");
+    let file = args.file.clone().unwrap_or(default);
+    let inside = std::fs::canonicalize(&file)
+        .ok()
+        .zip(std::fs::canonicalize(&context).ok())
+        .and_then(|(file, dir)| {
+            file.strip_prefix(&dir)
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        });
+    let (dockerfile, extra) = match inside {
+        Some(path) => (path, None),
+        None => {
+            let text =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            (".airlock-dockerfile".to_owned(), Some(text))
+        }
+    };
+    let ignore = match std::fs::read_to_string(context.join(".dockerignore")) {
+        Ok(text) => airlock_build::context::pattern::Ignore::parse(&text)
+            .map_err(|e| anyhow::anyhow!(".dockerignore: {e}"))?,
+        Err(_) => airlock_build::context::pattern::Ignore::parse("")
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
+    let (reader, writer) = std::io::pipe().context("cannot make a pipe")?;
+    let keep = dockerfile.clone();
+    let packing = std::thread::spawn(move || pack_context(&context, &ignore, &keep, extra, writer));
+    let api = args.conn.api()?;
+    let bar = spinner(
+        !args.json,
+        format!("sending the build context of {}", args.name),
+    );
+    let mut query = vec![("dockerfile", dockerfile)];
+    if !build_args.is_empty() {
+        query.push(("build_args", Value::Object(build_args).to_string()));
+    }
+    if args.no_cache {
+        query.push(("no_cache", "true".to_owned()));
+    }
+    let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let answer = api.post_stream(
+        &format!("/v1/templates/{}/build", percent_path(&args.name)),
+        &query,
+        ureq::SendBody::from_owned_reader(reader),
+    );
+    match packing.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e.context("cannot pack the build context")),
+        Err(_) => bail!("packing the build context failed"),
+    }
+    let template = follow(answer?, &bar, args.json, "build")?;
+    print_template(&template, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the build context `dir` as a tar to `out`: what `.dockerignore`
+/// excludes left out (but the Dockerfile `keep` and `.dockerignore`
+/// itself), symlinks as symlinks, and `extra` as `.airlock-dockerfile`.
+fn pack_context(
+    dir: &std::path::Path,
+    ignore: &airlock_build::context::pattern::Ignore,
+    keep: &str,
+    extra: Option<Vec<u8>>,
+    out: impl std::io::Write,
+) -> Result<()> {
+    let mut tar = tar::Builder::new(out);
+    tar.follow_symlinks(false);
+    let mut pending = vec![PathBuf::new()];
+    while let Some(relative) = pending.pop() {
+        let path = dir.join(&relative);
+        let mut names: Vec<_> = std::fs::read_dir(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        names.sort();
+        for name in names {
+            let entry = relative.join(&name);
+            let shown = entry.to_string_lossy().into_owned();
+            let meta = std::fs::symlink_metadata(dir.join(&entry))
+                .with_context(|| format!("cannot read {}", entry.display()))?;
+            let kept = shown == keep || shown == ".dockerignore";
+            if meta.is_dir() {
+                if !ignore.is_excluded(shown.as_bytes())
+                    || ignore.may_include_beneath(shown.as_bytes())
+                {
+                    tar.append_dir(&entry, dir.join(&entry))?;
+                    pending.push(entry);
+                }
+            } else if (kept || !ignore.is_excluded(shown.as_bytes()))
+                && (meta.is_file() || meta.file_type().is_symlink())
+            {
+                tar.append_path_with_name(dir.join(&entry), &entry)?;
+            }
+        }
+    }
+    if let Some(text) = extra {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, ".airlock-dockerfile", text.as_slice())?;
+    }
+    tar.into_inner()?.flush()?;
+    Ok(())
 }
 
 /// A spinner showing `message` on a terminal when `shown`, else a hidden
@@ -369,6 +523,26 @@ fn follow(answer: impl std::io::Read, bar: &ProgressBar, json: bool, what: &str)
                 count("of"),
                 format_size(count("bytes"))
             )),
+            Some("step") if event["index"].is_u64() => {
+                let cached = if event["cached"].as_bool() == Some(true) {
+                    " (cached)"
+                } else {
+                    ""
+                };
+                let line = format!(
+                    "[{}/{}] {}{cached}",
+                    count("index"),
+                    count("total"),
+                    event["instruction"].as_str().unwrap_or_default()
+                );
+                if json {
+                } else if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(&line);
+                }
+                bar.set_message(line);
+            }
             Some("step") => bar.set_message(event["message"].as_str().unwrap_or("").to_owned()),
             Some("written") => bar.set_message(format!(
                 "unpacking the system ({})",
@@ -378,6 +552,32 @@ fn follow(answer: impl std::io::Read, bar: &ProgressBar, json: bool, what: &str)
                 "layer {}/{} is in the store already",
                 count("layer"),
                 count("of")
+            )),
+            Some("warning") => {
+                let message = event["message"].as_str().unwrap_or_default();
+                if !json {
+                    bar.suspend(|| eprintln!("warning: {message}"));
+                }
+            }
+            Some("base") => {
+                bar.set_message(format!("on {}", event["base"].as_str().unwrap_or_default()))
+            }
+            Some("output") => {
+                if !json {
+                    let text = event["text"].as_str().unwrap_or_default();
+                    if bar.is_hidden() {
+                        eprint!("{text}");
+                    } else {
+                        for line in text.lines() {
+                            bar.println(format!("  {line}"));
+                        }
+                    }
+                }
+            }
+            Some("layer") => bar.set_message(format!(
+                "step {}: layer of {}",
+                count("index"),
+                format_size(count("bytes"))
             )),
             Some("done") => template = Some(event["template"].clone()),
             Some("error") => {
@@ -497,15 +697,20 @@ fn rm(args: &RmArgs) -> Result<ExitCode> {
 
 pub fn gc(args: &GcArgs) -> Result<ExitCode> {
     let api = args.conn.api()?;
-    let answer = api.post_json("/v1/gc", &Value::Null)?;
+    let path = if args.build_cache {
+        "/v1/gc?build_cache=true"
+    } else {
+        "/v1/gc"
+    };
+    let answer = api.post_json(path, &Value::Null)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&answer)?);
         return Ok(ExitCode::SUCCESS);
     }
     let layers = answer["layers"].as_array().map_or(0, Vec::len);
     println!(
-        "removed {layers} unreferenced layers, {} abandoned imports, {} strays",
-        answer["abandoned"], answer["strays"]
+        "removed {layers} unreferenced layers, {} abandoned imports, {} strays, {} build cache entries",
+        answer["abandoned"], answer["strays"], answer["build_steps"]
     );
     Ok(ExitCode::SUCCESS)
 }

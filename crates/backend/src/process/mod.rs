@@ -18,8 +18,8 @@
 pub mod deadline;
 
 use crate::{
-    AdoptError, Backend, CreateError, DeadlineError, DestroyError, Ended, Ending, Instance,
-    Reconciled, Resources, Unavailable, Usage,
+    AdoptError, Backend, CreateError, DeadlineError, DestroyError, Ended, Ending, ExportError,
+    Instance, Reconciled, Resources, Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::disk::DiskStore;
@@ -715,6 +715,23 @@ impl Backend for ProcessBackend {
         })
     }
 
+    async fn export_writable_layer(
+        &self,
+        id: &str,
+        out: Box<dyn std::io::Write + Send>,
+    ) -> Result<airlock_layers::snapshot::Snapshotted, ExportError> {
+        let Some(disk) = self.disk.clone() else {
+            return Err(ExportError::NotOnDisk);
+        };
+        if !airlock_jail::launch::is_sandbox_id(id) {
+            return Err(ExportError::NotFound(id.to_owned()));
+        }
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || export_upper(&disk, &id, out))
+            .await
+            .unwrap_or(Err(ExportError::Interrupted))
+    }
+
     fn usage(&self, id: &str) -> Option<Usage> {
         self.stats(id)
     }
@@ -801,4 +818,40 @@ impl Backend for ProcessBackend {
         });
         ours + orphans + layers
     }
+}
+
+/// The overlay upper of sandbox `id`'s writable layer on `disk` as a layer
+/// tar stream, without what the sandbox's setup put there (see
+/// `template_setup_paths`). The layer's root is owned by the first host id of the
+/// sandbox's range (see `DiskStore::create`), which maps the owners back.
+fn export_upper(
+    disk: &DiskStore,
+    id: &str,
+    out: Box<dyn std::io::Write + Send>,
+) -> Result<airlock_layers::snapshot::Snapshotted, ExportError> {
+    use std::os::unix::fs::MetadataExt;
+    let layer = disk.path(id);
+    let root =
+        std::fs::symlink_metadata(&layer).map_err(|_| ExportError::NotFound(id.to_owned()))?;
+    let upper = layer.join("upper");
+    if !std::fs::symlink_metadata(&upper).is_ok_and(|m| m.is_dir()) {
+        return Err(ExportError::NoLayers(id.to_owned()));
+    }
+    let ids = airlock_layers::snapshot::IdMap {
+        host_base_uid: root.uid(),
+        host_base_gid: root.gid(),
+        count: airlock_jail::runtime::UIDS_PER_SANDBOX,
+    };
+    let (files, dirs) = airlock_jail::rootfs::template_setup_paths();
+    let elide = airlock_layers::snapshot::Elide {
+        nodes: files.into_iter().map(String::into_bytes).collect(),
+        dirs: dirs.into_iter().map(String::into_bytes).collect(),
+    };
+    Ok(airlock_layers::snapshot::write_layer_eliding(
+        &upper,
+        &ids,
+        out,
+        &airlock_layers::snapshot::SnapshotLimits::default(),
+        &elide,
+    )?)
 }
