@@ -50,8 +50,6 @@ pub struct NewSandboxRequest {
     /// The layers of the layer store it runs on (by diff_id), recorded
     /// with it so they stay while it lives.
     pub layers: Vec<String>,
-    /// The template's start and ready commands (see [`crate::startup`]).
-    pub startup: Option<crate::startup::Startup>,
 }
 
 /// A sandbox just created.
@@ -184,6 +182,18 @@ impl Daemon {
         request: NewSandboxRequest,
         request_id: &str,
     ) -> Result<Created, DaemonError> {
+        self.create_started(owner, request, None, request_id).await
+    }
+
+    /// [`Daemon::create`], then `startup` (the template's start and ready
+    /// commands, see [`crate::startup`]) before the sandbox is handed out.
+    pub async fn create_started(
+        &self,
+        owner: &KeyRow,
+        request: NewSandboxRequest,
+        startup: Option<crate::startup::Startup>,
+        request_id: &str,
+    ) -> Result<Created, DaemonError> {
         let mut request = request;
         if self.config().disk_store.is_some() {
             request.spec.limits.layer = airlock_policy::LayerBacking::Disk;
@@ -271,7 +281,7 @@ impl Daemon {
                 started,
                 access_token,
                 request_id,
-                startup: request.startup,
+                startup,
                 requester_gone,
             };
             async move { daemon.launch(id, started_at).await }

@@ -166,7 +166,6 @@ fn request() -> NewSandboxRequest {
         template_name: "host".into(),
         metadata: Default::default(),
         layers: Vec::new(),
-        startup: None,
     }
 }
 

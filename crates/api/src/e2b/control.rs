@@ -361,7 +361,7 @@ async fn create(
         config.max_timeout.as_secs(),
         config.e2b_internet,
     )?;
-    let mut request = native
+    let (mut request, startup) = native
         .into_request(&api.daemon)
         .map_err(|e| match e.status {
             StatusCode::NOT_FOUND => E2bError::new(StatusCode::NOT_FOUND, e.message),
@@ -369,7 +369,10 @@ async fn create(
         })?;
     // Recorded as the client named it: `templateID` reads back.
     request.template_name = name;
-    let created = api.daemon.create(&key, request, &request_id.0).await?;
+    let created = api
+        .daemon
+        .create_started(&key, request, startup, &request_id.0)
+        .await?;
     if interpreter {
         // The code interpreter's templates: its default Python context is
         // started now, off the create path, so the first `run_code` finds

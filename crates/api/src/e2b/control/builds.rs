@@ -149,6 +149,26 @@ fn cut(text: &str, max: usize) -> String {
     format!("{}…", &text[..end])
 }
 
+/// An executor's message `step N (…) …` with the SDK's number of spec
+/// step N (the steps airlock adds first are `the e2b setup`).
+fn renumbered(message: &str, origin: &[Option<usize>]) -> String {
+    let Some(rest) = message.strip_prefix("step ") else {
+        return message.to_owned();
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let Ok(number) = rest[..digits].parse::<usize>() else {
+        return message.to_owned();
+    };
+    if !rest[digits..].starts_with(" (") {
+        return message.to_owned();
+    }
+    match origin.get(number.wrapping_sub(1)) {
+        Some(Some(sdk)) => format!("step {sdk}{}", &rest[digits..]),
+        Some(None) => format!("the e2b setup step{}", &rest[digits..]),
+        None => message.to_owned(),
+    }
+}
+
 impl Build {
     fn lock(&self) -> MutexGuard<'_, Log> {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
@@ -307,6 +327,7 @@ impl Build {
                 log.status = Status::Ready;
             }
             Err(message) => {
+                let message = renumbered(&message, &log.origin);
                 let step = log.step.clone();
                 let mut entries: Vec<Entry> = log.step_tail.iter().cloned().collect();
                 // The failed command's output, when the message does not
@@ -743,6 +764,22 @@ mod tests {
         );
         assert!(reason.message.contains("six that i…"), "{}", reason.message);
         assert!(reason.entries.iter().all(|e| e.level == "error"));
+    }
+
+    #[test]
+    fn executor_step_numbers_become_the_sdks() {
+        let origin = [None, None, Some(1), Some(2)];
+        assert_eq!(
+            renumbered("step 4 (RUN x) failed: boom", &origin),
+            "step 2 (RUN x) failed: boom"
+        );
+        assert_eq!(
+            renumbered("step 1 (USER user): no", &origin),
+            "the e2b setup step (USER user): no"
+        );
+        assert_eq!(renumbered("step 9 (RUN x)", &origin), "step 9 (RUN x)");
+        assert_eq!(renumbered("stepping", &origin), "stepping");
+        assert_eq!(renumbered("step 3 of", &origin), "step 3 of");
     }
 
     #[test]
