@@ -35,6 +35,9 @@ fn archive_of(entries: &[(&str, &[u8])], links: &[(&str, &str)], gzip: bool) -> 
         let mut header = tar::Header::new_ustar();
         header.set_size(0);
         header.set_mode(0o777);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
         header.set_entry_type(tar::EntryType::Symlink);
         header.set_link_name(target).unwrap();
         header.set_path(name).unwrap();
@@ -45,6 +48,9 @@ fn archive_of(entries: &[(&str, &[u8])], links: &[(&str, &str)], gzip: bool) -> 
         let mut header = tar::Header::new_ustar();
         header.set_size(data.len() as u64);
         header.set_mode(0o644);
+        header.set_uid(1000);
+        header.set_gid(1000);
+        header.set_mtime(0);
         header.set_entry_type(tar::EntryType::Regular);
         // Written by hand: `set_path` refuses the hostile names on purpose.
         let bytes = header.as_mut_bytes();
@@ -247,13 +253,21 @@ fn uploads_take_their_token_refuse_hostile_and_oversized_archives_and_leave_noth
     assert!(!daemon.data_dir().join("evil").exists());
     assert!(!std::path::Path::new("/tmp/evil").exists());
 
-    // Over --max-upload: 413.
-    let big: Vec<u8> = (0..200_000u32)
+    // Over --max-upload as sent: 413 (small enough past the limit that the
+    // client has sent it all before the answer closes the connection).
+    let big: Vec<u8> = (0..70_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     let oversized = archive(&[("big.bin", &big)], false);
     let path = upload_path(&daemon, id, HASH);
     assert_e2b_error(&put(&daemon, &path, &oversized), 413, "larger than");
+    assert_eq!(staging_entries(&daemon), 0);
+    // Small as sent, over the limit unpacked (a gzip of zeros): refused.
+    let zeros = vec![0u8; 4 << 20];
+    let bomb = archive(&[("zeros.bin", &zeros)], true);
+    assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+    let path = upload_path(&daemon, id, HASH);
+    assert_e2b_error(&put(&daemon, &path, &bomb), 400, "the build context");
     assert_eq!(staging_entries(&daemon), 0);
 
     // A good one, plain or gzip: present afterwards.

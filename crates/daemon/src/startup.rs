@@ -141,7 +141,17 @@ impl Daemon {
                     bound.min(READY_MAX).as_secs()
                 )));
             }
-            let ran = self.run_once(id, ready, left, request_id).await?;
+            let ran = match self.run_once(id, ready, left, request_id).await {
+                Ok(ran) => ran,
+                // Its lifetime ended while it was not ready yet.
+                Err(DaemonError::NotRunning(_)) => {
+                    return Err(DaemonError::InSandbox(format!(
+                        "the template's ready command `{ready}` did not succeed before the sandbox's timeout ({} s)",
+                        bound.as_secs()
+                    )))
+                }
+                Err(e) => return Err(e),
+            };
             if ran.exit_code == Some(0) {
                 return Ok(());
             }

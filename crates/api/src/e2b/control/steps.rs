@@ -77,7 +77,7 @@ pub enum StepsError {
     UnknownTemplate(String),
     #[error("step {step}: the step type {kind:?} is not supported (RUN, COPY, ENV, WORKDIR and USER are)")]
     Unsupported { step: usize, kind: String },
-    #[error("step {step}: {kind} takes {expected}, not {got} arguments")]
+    #[error("step {step}: {kind} takes {expected} arguments, not {got}")]
     Arguments {
         step: usize,
         kind: &'static str,
@@ -250,7 +250,7 @@ pub fn convert(
             "ENV" => {
                 count(
                     "ENV",
-                    "an even number (at least 2) of",
+                    "an even number of",
                     !args.is_empty() && args.len() % 2 == 0,
                 )?;
                 Step::Env {
@@ -616,7 +616,7 @@ mod tests {
                 StepsError::Arguments {
                     step: 1,
                     kind: "ENV",
-                    expected: "an even number (at least 2) of",
+                    expected: "an even number of",
                     got: 1,
                 },
             ),
