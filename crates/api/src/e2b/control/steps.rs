@@ -9,9 +9,8 @@
 //! | `WORKDIR` | `[path]` | `Workdir` |
 //! | `USER` | `[name]` (a second arg is ignored) | `User` |
 //!
-//! Before the SDK's steps come `USER user` and `WORKDIR /home/user`: an
-//! e2b build starts as `user` in its home, and the last user and working
-//! directory are the sandbox's. `fromImage` of e2b's own base images
+//! Before the SDK's steps comes `USER user`: an e2b build starts as
+//! `user`, and the last user and working directory are the sandbox's. `fromImage` of e2b's own base images
 //! (`e2bdev/base`, `e2bdev/code-interpreter…`) and `fromTemplate` of its
 //! base names build on airlock's `base` template; another image is pulled
 //! from the registries the operator configured. `force` anywhere, or the
@@ -140,9 +139,8 @@ fn owner_of(owner: &str, current: &str) -> String {
     }
 }
 
-/// The user and working directory every e2b build starts with.
+/// The user every e2b build starts as.
 pub const E2B_USER: &str = "user";
-pub const E2B_HOME: &str = "/home/user";
 
 const MAX_START_BYTES: usize = 64 * 1024;
 
@@ -292,14 +290,12 @@ pub fn convert(
         start: StartConfig::default(),
     }
     .validate()?;
-    let prologue = [
-        Step::User {
-            user: E2B_USER.to_owned(),
-        },
-        Step::Workdir {
-            path: E2B_HOME.to_owned(),
-        },
-    ];
+    // e2b also starts in the user's home; a `WORKDIR /home/user` here
+    // would fail on every base that has it (the builder refuses a WORKDIR
+    // whose directory exists), so the base's working directory stays.
+    let prologue = [Step::User {
+        user: E2B_USER.to_owned(),
+    }];
     let added = prologue.len();
     let mut start = StartConfig::default();
     let mut workdir = "/".to_owned();
@@ -371,7 +367,7 @@ mod tests {
     }
 
     fn sdk_steps(converted: &Converted) -> &[Step] {
-        &converted.spec.steps[2..]
+        &converted.spec.steps[1..]
     }
 
     #[test]
@@ -399,15 +395,10 @@ mod tests {
             }
         );
         assert_eq!(
-            &c.spec.steps[..2],
-            &[
-                Step::User {
-                    user: "user".into()
-                },
-                Step::Workdir {
-                    path: "/home/user".into()
-                }
-            ]
+            &c.spec.steps[..1],
+            &[Step::User {
+                user: "user".into()
+            }]
         );
         let steps = sdk_steps(&c);
         assert_eq!(
@@ -462,8 +453,8 @@ mod tests {
             }
         );
         // Each COPY's upload, by its index in the spec (the prologue first).
-        assert_eq!(c.copies.keys().copied().collect::<Vec<_>>(), vec![4, 5, 9]);
-        assert_eq!(c.origin[..3], [None, None, Some(1)]);
+        assert_eq!(c.copies.keys().copied().collect::<Vec<_>>(), vec![3, 4, 8]);
+        assert_eq!(c.origin[..2], [None, Some(1)]);
         assert_eq!(c.origin.last(), Some(&Some(8)));
         assert_eq!(c.spec.start.user.as_deref(), Some("root"));
         assert_eq!(c.spec.start.workdir.as_deref(), Some("/app"));
