@@ -42,6 +42,12 @@ const PYTHON_SUITES: &[&str] = &[
     "test_network.py",
 ];
 
+/// The pytest files that build templates (the Template SDK): they run
+/// against a daemon of their own, which has the `base` template imported
+/// from the cached fixture (`common::base`, built once per machine), so
+/// that the other suites keep running on what `base` is without one.
+const TEMPLATE_SUITES: &[&str] = &["test_template_build.py"];
+
 /// The `node --test` files of `tests/e2b-js/` that run.
 const JS_SUITES: &[&str] = &["core.test.mjs"];
 
@@ -67,17 +73,26 @@ const VENVS: &[Venv] = &[
         name: "e2b 2.45.1 (newest 2.x that refuses keys not shaped e2b_<hex>)",
         path: "/opt/airlock/e2b-keycheck",
         // Run without E2B_VALIDATE_API_KEY (e2b_env removes it): the
-        // daemon's key must pass the SDK's own check. The code interpreter
-        // and network cases run on the latest venv.
-        skip: &["test_code_interpreter.py", "test_network.py"],
+        // daemon's key must pass the SDK's own check. The code interpreter,
+        // network and template build cases run on the latest venv.
+        skip: &[
+            "test_code_interpreter.py",
+            "test_network.py",
+            "test_template_build.py",
+        ],
     },
     Venv {
         name: "e2b 2.7.0 (oldest 2.x honouring E2B_SANDBOX_URL)",
         path: "/opt/airlock/e2b-oldest",
         // No e2b-code-interpreter release that works with e2b 2.7.0 honours
         // E2B_SANDBOX_URL (see scripts/deps); e2b 2.7.0 has no `network`
-        // option and no `update_network`.
-        skip: &["test_code_interpreter.py", "test_network.py"],
+        // option and no `update_network`; its Template SDK is an older wire
+        // (the latest venv builds templates).
+        skip: &[
+            "test_code_interpreter.py",
+            "test_network.py",
+            "test_template_build.py",
+        ],
     },
 ];
 
@@ -241,6 +256,33 @@ impl Shared {
     }
 }
 
+/// The daemon of the template suites: `base` imported, started by the
+/// first of them.
+#[derive(Default)]
+struct Builder(OnceLock<Result<TestDaemon, String>>);
+
+impl Builder {
+    fn get(&self) -> Result<&TestDaemon, Failed> {
+        self.0
+            .get_or_init(|| {
+                std::panic::catch_unwind(|| {
+                    let daemon = TestDaemon::start(&["--default-timeout", "300s"]);
+                    common::store::import_ok(&daemon, &common::base::base_archive(), "base");
+                    daemon
+                })
+                .map_err(|panic| {
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                        .unwrap_or_else(|| "the setup panicked".to_owned())
+                })
+            })
+            .as_ref()
+            .map_err(|e| Failed::from(format!("cannot start the build daemon: {e}")))
+    }
+}
+
 /// A venv's name in test names: the last part of its path (`e2b-latest`).
 fn tag(venv: &Venv) -> &'static str {
     venv.path.rsplit('/').next().unwrap_or(venv.path)
@@ -248,15 +290,39 @@ fn tag(venv: &Venv) -> &'static str {
 
 /// One pytest file under one venv.
 fn pytest(shared: &Shared, venv: &Venv, suite: &str) -> Result<(), Failed> {
-    let pytest = Path::new(venv.path).join("bin/pytest");
-    if !pytest.exists() {
+    check_venv(venv)?;
+    let setup = shared.get()?;
+    pytest_against(&setup.daemon, venv, suite)
+}
+
+fn check_venv(venv: &Venv) -> Result<(), Failed> {
+    if !Path::new(venv.path).join("bin/pytest").exists() {
         return Err(format!(
             "{} is not installed at {}: run scripts/deps as root",
             venv.name, venv.path
         )
         .into());
     }
-    let setup = shared.get()?;
+    Ok(())
+}
+
+/// One template suite under one venv, on the build daemon; after it, the
+/// layer store holds nothing no record or process owns.
+fn pytest_builds(builder: &Builder, venv: &Venv, suite: &str) -> Result<(), Failed> {
+    check_venv(venv)?;
+    let daemon = builder.get()?;
+    pytest_against(daemon, venv, suite)?;
+    let unowned = common::store::unowned(daemon);
+    if !unowned.ends_with(" 0") {
+        return Err(
+            format!("after {suite}, the layer store has unowned entries: {unowned}").into(),
+        );
+    }
+    Ok(())
+}
+
+fn pytest_against(daemon: &TestDaemon, venv: &Venv, suite: &str) -> Result<(), Failed> {
+    let pytest = Path::new(venv.path).join("bin/pytest");
     let mut command = Command::new(pytest);
     match std::env::var("AIRLOCK_E2B_PYTEST_ARGS") {
         Ok(args) if !args.trim().is_empty() => command.args(args.split_whitespace()),
@@ -266,13 +332,9 @@ fn pytest(shared: &Shared, venv: &Venv, suite: &str) -> Result<(), Failed> {
         .args(["-p", "no:cacheprovider", "--color=no"])
         .arg(suite)
         .current_dir(python_dir());
-    e2b_env(&mut command, &setup.daemon);
-    let result = run(
-        &setup.daemon,
-        &format!("pytest {suite} [{}]", venv.name),
-        command,
-    );
-    setup.daemon.delete_all();
+    e2b_env(&mut command, daemon);
+    let result = run(daemon, &format!("pytest {suite} [{}]", venv.name), command);
+    daemon.delete_all();
     result.map_err(Failed::from)
 }
 
@@ -306,12 +368,16 @@ fn main() {
     // deleted after each.
     args.test_threads = Some(1);
     let shared = Arc::new(Shared::default());
+    let builder = Arc::new(Builder::default());
     let mut trials = Vec::new();
     for venv in VENVS {
-        for &suite in PYTHON_SUITES {
+        for &suite in PYTHON_SUITES.iter().chain(TEMPLATE_SUITES) {
             let name = format!("{}::{suite}", tag(venv));
             let trial = if venv.skip.contains(&suite) {
                 Trial::test(name, || Ok(())).with_ignored_flag(true)
+            } else if TEMPLATE_SUITES.contains(&suite) {
+                let builder = Arc::clone(&builder);
+                Trial::test(name, move || pytest_builds(&builder, venv, suite))
             } else {
                 let shared = Arc::clone(&shared);
                 Trial::test(name, move || pytest(&shared, venv, suite))
@@ -326,7 +392,8 @@ fn main() {
         }));
     }
     let conclusion = libtest_mimic::run(&args, trials);
-    // The daemon (and its test internet) stop before the process exits.
+    // The daemons (and the test internet) stop before the process exits.
     drop(shared);
+    drop(builder);
     conclusion.exit();
 }

@@ -43,8 +43,11 @@ pub async fn create_sandbox(
 ) -> Result<Response> {
     let key = caller.key()?.clone();
     let body = json_body(body)?;
-    let request = body.into_request(&api.daemon)?;
-    let created = api.daemon.create(&key, request, &request_id.0).await?;
+    let (request, startup) = body.into_request(&api.daemon)?;
+    let created = api
+        .daemon
+        .create_started(&key, request, startup, &request_id.0)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(SandboxView::of(&created.row, Some(created.access_token))),

@@ -181,9 +181,13 @@ pub struct CreateSandbox {
 }
 
 impl CreateSandbox {
-    /// The create request: the spec with its template resolved, or what is
-    /// wrong (400, or 404 for a template that does not exist).
-    pub fn into_request(self, daemon: &Daemon) -> Result<NewSandboxRequest, ApiError> {
+    /// The create request: the spec with its template resolved, and the
+    /// template's start and ready commands; or what is wrong (400, or 404
+    /// for a template that does not exist).
+    pub fn into_request(
+        self,
+        daemon: &Daemon,
+    ) -> Result<(NewSandboxRequest, Option<airlock_daemon::startup::Startup>), ApiError> {
         let template = self.template.clone().unwrap_or_else(|| "host".into());
         let resolved = daemon.resolve_template(&template)?;
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
@@ -191,12 +195,16 @@ impl CreateSandbox {
         Daemon::apply_template_config(&mut spec, &resolved.config);
         spec.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        Ok(NewSandboxRequest {
-            spec,
-            template_name: template,
-            metadata,
-            layers: resolved.layers,
-        })
+        let startup = airlock_daemon::startup::Startup::of(&resolved.config);
+        Ok((
+            NewSandboxRequest {
+                spec,
+                template_name: template,
+                metadata,
+                layers: resolved.layers,
+            },
+            startup,
+        ))
     }
 
     /// The spec (its template left to [`CreateSandbox::into_request`]) and

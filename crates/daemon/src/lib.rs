@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
+pub mod startup;
 pub mod templates;
 pub mod tokens;
 

@@ -32,6 +32,8 @@ struct Launching {
     started: Instant,
     access_token: String,
     request_id: String,
+    /// The template's start and ready commands, run before it is handed out.
+    startup: Option<crate::startup::Startup>,
     /// Closed when the create's requester went away.
     requester_gone: tokio::sync::oneshot::Receiver<()>,
 }
@@ -180,6 +182,18 @@ impl Daemon {
         request: NewSandboxRequest,
         request_id: &str,
     ) -> Result<Created, DaemonError> {
+        self.create_started(owner, request, None, request_id).await
+    }
+
+    /// [`Daemon::create`], then `startup` (the template's start and ready
+    /// commands, see [`crate::startup`]) before the sandbox is handed out.
+    pub async fn create_started(
+        &self,
+        owner: &KeyRow,
+        request: NewSandboxRequest,
+        startup: Option<crate::startup::Startup>,
+        request_id: &str,
+    ) -> Result<Created, DaemonError> {
         let mut request = request;
         if self.config().disk_store.is_some() {
             request.spec.limits.layer = airlock_policy::LayerBacking::Disk;
@@ -267,6 +281,7 @@ impl Daemon {
                 started,
                 access_token,
                 request_id,
+                startup,
                 requester_gone,
             };
             async move { daemon.launch(id, started_at).await }
@@ -292,6 +307,7 @@ impl Daemon {
             started,
             access_token,
             request_id,
+            startup,
             mut requester_gone,
         } = launching;
         let owner = &owner;
@@ -326,6 +342,7 @@ impl Daemon {
                 spec,
                 instance,
                 started,
+                startup.as_ref(),
             )
             .await
         {
@@ -365,6 +382,7 @@ impl Daemon {
         spec: SandboxSpec,
         instance: airlock_backend::Instance,
         started: Instant,
+        startup: Option<&crate::startup::Startup>,
     ) -> Result<SandboxRow, DaemonError> {
         let id = launch.id().to_owned();
         let request_id = launch.request_id().to_owned();
@@ -411,6 +429,10 @@ impl Daemon {
                 );
                 return Err(DaemonError::NotRunning(id));
             }
+        }
+        if let Some(startup) = startup {
+            let bound = Duration::from_millis(sandbox.spec.timeout_ms);
+            self.run_startup(&id, startup, bound, &request_id).await?;
         }
         let row = self
             .with_store(|s| s.get_sandbox(&id))?

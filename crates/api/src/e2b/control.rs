@@ -30,6 +30,9 @@
 //! `envdAccessToken`, and `domain: null` so the SDK reaches the sandbox
 //! through `E2B_SANDBOX_URL` (this same port).
 
+pub mod builds;
+pub mod steps;
+pub mod templates;
 pub mod wire;
 
 use crate::auth::{self, Caller};
@@ -130,8 +133,8 @@ impl IntoResponse for E2bError {
     }
 }
 
-/// The control-plane routes.
-pub fn router(api: Api) -> Router {
+/// The control-plane routes (the template builds' state in `builds`).
+pub fn router(api: Api, builds: std::sync::Arc<builds::Builds>) -> Router {
     Router::new()
         .route("/sandboxes", post(create_v1).get(list_v1))
         .route("/v2/sandboxes", post(create_v2).get(list_v2))
@@ -149,9 +152,41 @@ pub fn router(api: Api) -> Router {
         .route("/sandboxes/{id}/refreshes", post(not_served))
         .route("/sandboxes/{id}/logs", get(not_served))
         .route("/v2/sandboxes/{id}/logs", get(not_served))
+        .route("/v3/templates", post(templates::request_build))
+        .route("/templates", get(templates::list))
+        .route(
+            "/templates/{id}",
+            get(templates::get).delete(templates::delete),
+        )
+        .route("/templates/{id}/tags", get(templates::tags))
+        .route("/templates/aliases/{name}", get(templates::alias))
+        .route("/templates/{id}/files/{hash}", get(templates::files))
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::build_status),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::middleware::from_fn_with_state(api.clone(), admit))
+        .layer(Extension(builds))
+        .with_state(api)
+}
+
+/// The upload of a template build's files (`PUT /templates/{id}/files/{hash}`):
+/// authorised by the token of its URL, its body streamed (not read whole
+/// as [`admit`] reads the others).
+pub fn upload_router(api: Api, builds: std::sync::Arc<builds::Builds>) -> Router {
+    Router::new()
+        .route(
+            "/templates/{id}/files/{hash}",
+            axum::routing::put(templates::upload),
+        )
+        .fallback(no_route)
+        .layer(Extension(builds))
         .with_state(api)
 }
 
@@ -264,18 +299,20 @@ async fn create_v1(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Extension(request_id): Extension<RequestId>,
+    Extension(builds): Extension<std::sync::Arc<builds::Builds>>,
     body: Bytes,
 ) -> Result<Response> {
-    create(api, caller, request_id, body, CreateRoute::V1).await
+    create(api, caller, request_id, &builds, body, CreateRoute::V1).await
 }
 
 async fn create_v2(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Extension(request_id): Extension<RequestId>,
+    Extension(builds): Extension<std::sync::Arc<builds::Builds>>,
     body: Bytes,
 ) -> Result<Response> {
-    create(api, caller, request_id, body, CreateRoute::V2).await
+    create(api, caller, request_id, &builds, body, CreateRoute::V2).await
 }
 
 /// Whether `name` is a template registered with the daemon.
@@ -293,13 +330,16 @@ async fn create(
     api: Api,
     caller: Caller,
     request_id: RequestId,
+    builds: &builds::Builds,
     body: Bytes,
     route: CreateRoute,
 ) -> Result<Response> {
     let key = key_of(&caller)?.clone();
     let body: NewSandbox = body_of(&body)?;
     let name = body.template_name()?.to_owned();
-    let native_template = match template_choice(&name) {
+    // A template built through the e2b routes, by its id or `name:tag`.
+    let lookup = templates::native_name(&api, Some(builds), &name).unwrap_or_else(|| name.clone());
+    let native_template = match template_choice(&lookup) {
         TemplateChoice::Host => "host".to_owned(),
         TemplateChoice::Registered(name) if is_registered(&api, &name) => name,
         TemplateChoice::Registered(name) => {
@@ -321,7 +361,7 @@ async fn create(
         config.max_timeout.as_secs(),
         config.e2b_internet,
     )?;
-    let mut request = native
+    let (mut request, startup) = native
         .into_request(&api.daemon)
         .map_err(|e| match e.status {
             StatusCode::NOT_FOUND => E2bError::new(StatusCode::NOT_FOUND, e.message),
@@ -329,7 +369,10 @@ async fn create(
         })?;
     // Recorded as the client named it: `templateID` reads back.
     request.template_name = name;
-    let created = api.daemon.create(&key, request, &request_id.0).await?;
+    let created = api
+        .daemon
+        .create_started(&key, request, startup, &request_id.0)
+        .await?;
     if interpreter {
         // The code interpreter's templates: its default Python context is
         // started now, off the create path, so the first `run_code` finds

@@ -35,9 +35,16 @@ pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 
 /// Whether `path` is one of the e2b control plane's.
 pub fn is_control_path(path: &str) -> bool {
-    ["/sandboxes", "/v2/sandboxes", "/v3/sandboxes"]
-        .iter()
-        .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
+    [
+        "/sandboxes",
+        "/v2/sandboxes",
+        "/v3/sandboxes",
+        "/templates",
+        "/v2/templates",
+        "/v3/templates",
+    ]
+    .iter()
+    .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
 }
 
 /// Whether `path` is one only envd serves (its Connect services and its
@@ -54,6 +61,7 @@ fn is_envd_path(path: &str) -> bool {
 #[derive(Clone)]
 pub struct Routers {
     control: Router,
+    upload: Router,
     sandbox: Router,
     daemon: airlock_daemon::Daemon,
     api: Api,
@@ -61,8 +69,13 @@ pub struct Routers {
 
 impl Routers {
     pub fn new(api: Api) -> Routers {
+        let config = api.daemon.config();
+        let builds = std::sync::Arc::new(control::builds::Builds::new(
+            control::builds::Limits::for_daemon(config.max_upload_bytes, config.max_image_bytes),
+        ));
         Routers {
-            control: control::router(api.clone()),
+            control: control::router(api.clone(), std::sync::Arc::clone(&builds)),
+            upload: control::upload_router(api.clone(), builds),
             sandbox: sandbox::router(api.clone()),
             daemon: api.daemon.clone(),
             api,
@@ -75,6 +88,17 @@ impl Routers {
 /// the e2b routers authenticate the e2b way and stream their own bodies
 /// (Connect client streams end only when the client ends them).
 pub async fn demux(State(routers): State<Routers>, request: Request, next: Next) -> Response {
+    // A template build's files: streamed, authorised by their URL.
+    if control::templates::is_upload(request.method(), request.uri().path()) {
+        let response = match routers.upload.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        if response.status().is_client_error() || response.status().is_server_error() {
+            return crate::closing(response);
+        }
+        return response;
+    }
     // Control paths first: some SDK versions also send `E2b-Sandbox-Id` on
     // control-plane calls such as `POST /sandboxes/{id}/connect`.
     if is_control_path(request.uri().path()) {
