@@ -190,9 +190,24 @@ impl CreateSandbox {
     ) -> Result<(NewSandboxRequest, Option<airlock_daemon::startup::Startup>), ApiError> {
         let template = self.template.clone().unwrap_or_else(|| "host".into());
         let resolved = daemon.resolve_template(&template)?;
+        let user_given = self.user.is_some();
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
         spec.template = resolved.template;
         Daemon::apply_template_config(&mut spec, &resolved.config);
+        // The template's USER, when the request names none and it is one
+        // of the two identities a sandbox's processes run as.
+        if !user_given {
+            match resolved
+                .config
+                .user
+                .as_deref()
+                .map(|u| u.split(':').next().unwrap_or(u))
+            {
+                Some("root" | "0") => spec.user = RunAs::Root,
+                Some("user" | "1000") => spec.user = RunAs::User,
+                _ => {}
+            }
+        }
         spec.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let startup = airlock_daemon::startup::Startup::of(&resolved.config);

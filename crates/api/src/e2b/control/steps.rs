@@ -290,12 +290,15 @@ pub fn convert(
         start: StartConfig::default(),
     }
     .validate()?;
-    // e2b also starts in the user's home; a `WORKDIR /home/user` here
-    // would fail on every base that has it (the builder refuses a WORKDIR
-    // whose directory exists), so the base's working directory stays.
-    let prologue = [Step::User {
-        user: E2B_USER.to_owned(),
-    }];
+    // e2b's builds run as `user` in its home.
+    let prologue = [
+        Step::User {
+            user: E2B_USER.to_owned(),
+        },
+        Step::Workdir {
+            path: "/home/user".to_owned(),
+        },
+    ];
     let added = prologue.len();
     let mut start = StartConfig::default();
     let mut workdir = "/".to_owned();
@@ -367,7 +370,7 @@ mod tests {
     }
 
     fn sdk_steps(converted: &Converted) -> &[Step] {
-        &converted.spec.steps[1..]
+        &converted.spec.steps[2..]
     }
 
     #[test]
@@ -395,10 +398,15 @@ mod tests {
             }
         );
         assert_eq!(
-            &c.spec.steps[..1],
-            &[Step::User {
-                user: "user".into()
-            }]
+            &c.spec.steps[..2],
+            &[
+                Step::User {
+                    user: "user".into()
+                },
+                Step::Workdir {
+                    path: "/home/user".into()
+                }
+            ]
         );
         let steps = sdk_steps(&c);
         assert_eq!(
@@ -453,8 +461,8 @@ mod tests {
             }
         );
         // Each COPY's upload, by its index in the spec (the prologue first).
-        assert_eq!(c.copies.keys().copied().collect::<Vec<_>>(), vec![3, 4, 8]);
-        assert_eq!(c.origin[..2], [None, Some(1)]);
+        assert_eq!(c.copies.keys().copied().collect::<Vec<_>>(), vec![4, 5, 9]);
+        assert_eq!(c.origin[..3], [None, None, Some(1)]);
         assert_eq!(c.origin.last(), Some(&Some(8)));
         assert_eq!(c.spec.start.user.as_deref(), Some("root"));
         assert_eq!(c.spec.start.workdir.as_deref(), Some("/app"));
