@@ -135,7 +135,7 @@ fn a_dockerfile_builds_a_template_whose_sandboxes_see_its_files_env_and_workdir(
         "Dockerfile",
         "FROM bb\n\
          ARG FLAVOUR=plain\n\
-         ENV GREETING=hi APP=/opt/app\n\
+         ENV GREETING=hi APP=/opt/app PATH=/opt/app/bin:$PATH\n\
          WORKDIR /home\n\
          WORKDIR $APP\n\
          COPY app/ ./\n\
@@ -176,14 +176,14 @@ fn a_dockerfile_builds_a_template_whose_sandboxes_see_its_files_env_and_workdir(
     let (seen, code) = exec(
         &daemon,
         id,
-        "pwd; echo $GREETING $APP; cat built.txt greeting.txt sub/deep.txt /ran-as; \
+        "pwd; echo $GREETING $APP; echo $PATH; cat built.txt greeting.txt sub/deep.txt /ran-as; \
          test -e notes.txt && echo notes; test -e /bin/wc && echo wc; \
          stat -c '%u:%g %n' /opt/app/greeting.txt /home/user/mine.txt /home/user/step.txt; \
          cat /home/user/step.txt; cat /etc/hostname",
     );
     assert_eq!(code, 0, "{seen}");
     let expected = format!(
-        "/opt/app\nhi /opt/app\nbuilt spicy\nhello from the context\ndeep\n0\n\
+        "/opt/app\nhi /opt/app\n/opt/app/bin:/bin:/usr/bin\nbuilt spicy\nhello from the context\ndeep\n0\n\
          0:0 /opt/app/greeting.txt\n1000:1000 /home/user/mine.txt\n1000:1000 /home/user/step.txt\n\
          hi from 1000\n{id}\n"
     );

@@ -552,6 +552,11 @@ pub async fn build_template(
         context: Some(context.path().to_owned()),
         step_contexts: Default::default(),
         no_cache: params.no_cache,
+        dockerfile: Some(airlock_daemon::builds::DockerfileSource {
+            name: shown.clone(),
+            text,
+            args: build_args,
+        }),
         start_cmd: None,
         ready_cmd: None,
         source: "dockerfile".to_owned(),

@@ -55,6 +55,10 @@ pub struct BuildRequest {
     pub step_contexts: BTreeMap<usize, PathBuf>,
     /// Run every step, even one whose key the cache holds.
     pub no_cache: bool,
+    /// The Dockerfile `spec` was read from, if it was: read again over the
+    /// base's configuration once the base is known (its `$PATH`, working
+    /// directory and user change what the steps say), replacing `spec`.
+    pub dockerfile: Option<DockerfileSource>,
     /// The command every sandbox of the template starts in the background
     /// and the one that says it is ready (recorded in the template's
     /// configuration; see `airlock_layers::ImageConfig::start_cmd`).
@@ -63,6 +67,16 @@ pub struct BuildRequest {
     /// What the template's `source` says it came from ("dockerfile",
     /// "e2b").
     pub source: String,
+}
+
+/// A Dockerfile to read over the base's configuration.
+#[derive(Debug, Clone)]
+pub struct DockerfileSource {
+    /// Its name, for errors.
+    pub name: String,
+    pub text: String,
+    /// The build arguments.
+    pub args: BTreeMap<String, String>,
 }
 
 /// What a running build reports.
@@ -169,17 +183,33 @@ impl Daemon {
         }
         let _building = self.start_building(&request.name)?;
         let base = self.build_base(&request.spec.from, &events).await?;
+        let config = RunConfig::of_base(
+            &base.config.env,
+            base.config.workdir.as_deref(),
+            base.config.user.as_deref(),
+        );
+        // A Dockerfile's values depend on the base's configuration (`ENV
+        // PATH=/x:$PATH`, a relative WORKDIR): read again over it.
+        let mut request = request;
+        if let Some(dockerfile) = &request.dockerfile {
+            let parsed =
+                airlock_build::dockerfile::parse_over(&dockerfile.text, &dockerfile.args, &config)
+                    .map_err(|e| DaemonError::BadInput(format!("{}: {e}", dockerfile.name)))?;
+            if parsed.spec.from != request.spec.from {
+                return Err(DaemonError::Internal(
+                    "the Dockerfile names another base when read again".into(),
+                ));
+            }
+            request.spec = parsed.spec;
+        }
+        let request = request;
         let mut run = Build {
             daemon: self,
             owner,
             request: &request,
             events: &events,
             layers: base.layers,
-            config: RunConfig::of_base(
-                &base.config.env,
-                base.config.workdir.as_deref(),
-                base.config.user.as_deref(),
-            ),
+            config,
             parent: base_key(&base.digest),
         };
         let total = request.spec.steps.len();

@@ -468,6 +468,7 @@ pub async fn start_build(
             .map(|(index, dir)| (*index, dir.path().to_path_buf()))
             .collect(),
         no_cache: converted.no_cache,
+        dockerfile: None,
         start_cmd: converted.start_cmd,
         ready_cmd: converted.ready_cmd,
         source: "e2b".into(),
