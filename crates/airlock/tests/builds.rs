@@ -145,11 +145,19 @@ fn a_dockerfile_builds_a_template_whose_sandboxes_see_its_files_env_and_workdir(
          RUN echo \"$GREETING from $(id -u)\" > /home/user/step.txt\n\
          CMD [\"/bin/sh\"]\n",
     );
+    // The Dockerfile from outside the context, as `-f` may name it.
+    std::fs::rename(
+        context.join("Dockerfile"),
+        dir.path().join("app.Dockerfile"),
+    )
+    .unwrap();
     let out = build_ok(
         &daemon,
         &[
             "-t",
             "app",
+            "-f",
+            dir.path().join("app.Dockerfile").to_str().unwrap(),
             "--build-arg",
             "FLAVOUR=spicy",
             context.to_str().unwrap(),
@@ -178,6 +186,7 @@ fn a_dockerfile_builds_a_template_whose_sandboxes_see_its_files_env_and_workdir(
         id,
         "pwd; echo $GREETING $APP; echo $PATH; cat built.txt greeting.txt sub/deep.txt /ran-as; \
          test -e notes.txt && echo notes; test -e /bin/wc && echo wc; \
+         test -e .airlock-dockerfile && echo sent; \
          stat -c '%u:%g %n' /opt/app/greeting.txt /home/user/mine.txt /home/user/step.txt; \
          cat /home/user/step.txt; cat /etc/hostname",
     );

@@ -404,6 +404,9 @@ mod signing {
             let mut header = tar::Header::new_gnu();
             header.set_size(bytes.len() as u64);
             header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
             header.set_cksum();
             builder
                 .append_data(&mut header, name, bytes.as_slice())
@@ -497,4 +500,89 @@ fn with_a_signing_key_only_images_signed_by_it_are_pulled() {
         .map(|t| t["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names, ["signed"]);
+}
+
+/// A build context holding only `dockerfile`, as a tar.
+fn context_tar(dockerfile: &str) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(dockerfile.len() as u64);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_cksum();
+    builder
+        .append_data(&mut header, "Dockerfile", dockerfile.as_bytes())
+        .unwrap();
+    builder.into_inner().unwrap()
+}
+
+/// `POST /v1/templates/NAME/build` of `dockerfile`: its NDJSON lines.
+fn build(daemon: &TestDaemon, name: &str, dockerfile: &str) -> Vec<Value> {
+    let body = context_tar(dockerfile);
+    let answer = daemon.call_as(
+        Some(&daemon.key),
+        "POST",
+        &format!("/v1/templates/{name}/build"),
+        Some(&body),
+        Some("application/x-tar"),
+        &[],
+    );
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    answer.lines()
+}
+
+#[test]
+fn a_dockerfile_builds_from_an_image_of_an_allowed_registry_only() {
+    let registry = Registry::start();
+    let layers = image_layers();
+    let image = registry.push(
+        &archive(&registry.scratch(), "app.tar", &layers),
+        "v1",
+        "team/app:v1",
+    );
+    let daemon = start(&insecure(&registry));
+    let lines = build(
+        &daemon,
+        "built",
+        &format!("FROM {image}\nENV PATH=/usr/local/bin:$PATH\nRUN cat /srv/hello > /srv/copy\n"),
+    );
+    assert_eq!(last(&lines)["type"], "done", "{lines:?}");
+    assert_eq!(of_type(&lines, "base")[0]["base"], image, "{lines:?}");
+    let created = daemon.create(json!({"template": "built"}));
+    let id = created["id"].as_str().unwrap();
+    let (out, code) = daemon.sh_out(id, "cat /srv/copy; echo $PULLED $PATH");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "from the registry\nyes /usr/local/bin:/bin:/usr/bin\n");
+    daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+
+    // The base's layers are the build cache's: a collection keeps them,
+    // and the next build of the same base pulls nothing new.
+    let collected = daemon.call("POST", "/v1/gc", None).json();
+    assert_eq!(collected["layers"], json!([]), "{collected}");
+    assert_eq!(
+        daemon.call("DELETE", "/v1/templates/built", None).status,
+        204
+    );
+    let emptied = daemon.call("POST", "/v1/gc?build_cache=true", None).json();
+    assert_eq!(
+        emptied["layers"].as_array().unwrap().len(),
+        3,
+        "the image's two layers and the RUN's: {emptied}"
+    );
+
+    // A base on a registry the daemon does not pull from.
+    let refused = build(
+        &daemon,
+        "elsewhere",
+        "FROM 192.0.2.9:5000/team/app:v1\nRUN true\n",
+    );
+    assert_eq!(last(&refused)["type"], "error", "{refused:?}");
+    assert_eq!(last(&refused)["code"], "forbidden", "{refused:?}");
+    assert_eq!(
+        daemon.call("GET", "/v1/templates/elsewhere", None).status,
+        404
+    );
+    assert!(unowned(&daemon).ends_with(" 0"), "{}", unowned(&daemon));
 }

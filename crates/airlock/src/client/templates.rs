@@ -366,6 +366,9 @@ fn pack_context(
         let mut header = tar::Header::new_gnu();
         header.set_size(text.len() as u64);
         header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
         header.set_cksum();
         tar.append_data(&mut header, ".airlock-dockerfile", text.as_slice())?;
     }
