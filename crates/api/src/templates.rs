@@ -483,7 +483,7 @@ const MAX_DOCKERFILE_BYTES: u64 = 1 << 20;
 /// naming its line.
 #[utoipa::path(post, path = "/v1/templates/{name}/build", tag = "templates",
     params(("name" = String, Path, description = "Template name"), BuildParams),
-    request_body(content = String, content_type = "application/x-tar", description = "The build context: a tar (plain, gzip or zstd) holding the Dockerfile"),
+    request_body(content = String, content_type = "application/octet-stream", description = "The build context: a tar (plain, gzip or zstd) holding the Dockerfile"),
     responses(
         (status = 200, description = "NDJSON progress, then the template or an error", content_type = "application/x-ndjson", body = BuildLine),
         (status = 400, description = "Bad name, context or Dockerfile", body = ErrorBody),
