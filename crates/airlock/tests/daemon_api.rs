@@ -1110,3 +1110,42 @@ fn the_openapi_document_is_served_and_lists_the_routes() {
         assert!(paths.contains_key(path), "{path} missing");
     }
 }
+
+#[test]
+fn the_tiers_are_listed_and_a_create_runs_on_the_one_it_names() {
+    let daemon = TestDaemon::start(&[]);
+    let tiers = daemon.call("GET", "/v1/tiers", None);
+    assert_eq!(tiers.status, 200, "{}", tiers.text());
+    assert_eq!(
+        tiers.json()["items"],
+        json!([{"tier": "process", "available": true}])
+    );
+    assert_eq!(
+        daemon
+            .call_as(None, "GET", "/v1/tiers", None, None, &[])
+            .status,
+        401
+    );
+    let created = daemon.create(json!({"tier": "process"}));
+    assert_eq!(created["tier"], "process", "{created}");
+    let refused = daemon.call("POST", "/v1/sandboxes", Some(json!({"tier": "vm"})));
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(
+        refused.text().contains("GET /v1/tiers"),
+        "{}",
+        refused.text()
+    );
+    let out = std::process::Command::new(common::binary())
+        .args(["tiers", "--url", &daemon.url, "--api-key", &daemon.key])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["process", "yes", "-"]),
+        "{table}"
+    );
+    daemon.delete_all();
+}

@@ -178,6 +178,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(files::make_dir))
         .routes(routes!(files::move_path))
         .routes(routes!(files::watch))
+        .routes(routes!(native::list_tiers))
         .routes(routes!(templates::list_templates))
         .routes(routes!(templates::get_template, templates::delete_template))
         .routes(routes!(templates::import_template))

@@ -121,6 +121,47 @@ pub async fn list_sandboxes(
     }))
 }
 
+/// A tier of this daemon.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TierView {
+    /// `process`, …: what a create's `tier` names.
+    pub tier: String,
+    /// Whether sandboxes can run on it here.
+    pub available: bool,
+    /// Why not, in a sentence that says what would fix it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The tiers.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct TierList {
+    pub items: Vec<TierView>,
+}
+
+/// The isolation tiers this daemon knows, each available or not and why
+/// not (any key). A create for a tier that is not available answers 400
+/// with the same sentence.
+#[utoipa::path(get, path = "/v1/tiers", tag = "sandboxes",
+    responses((status = 200, description = "The tiers", body = TierList)))]
+pub async fn list_tiers(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<TierList>> {
+    caller.key()?;
+    let items = api
+        .daemon
+        .tiers()
+        .into_iter()
+        .map(|t| TierView {
+            tier: t.tier.as_str().to_owned(),
+            available: t.available,
+            reason: t.reason,
+        })
+        .collect();
+    Ok(Json(TierList { items }))
+}
+
 /// One sandbox.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),

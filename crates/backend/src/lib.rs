@@ -35,6 +35,15 @@ pub enum Resources {
     },
 }
 
+impl Resources {
+    /// The tier whose records these are.
+    pub fn tier(&self) -> Tier {
+        match self {
+            Resources::Process { .. } => Tier::Process,
+        }
+    }
+}
+
 /// How a sandbox ended, as far as the backend could tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Ending {
@@ -55,6 +64,16 @@ pub enum Ending {
 /// Resolves once the sandbox is gone, with how it ended.
 pub type Ended = Pin<Box<dyn Future<Output = Ending> + Send + 'static>>;
 
+/// Where a sandbox's network traffic can be met, for the egress path to
+/// serve it: the tier says, not the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressPoint {
+    /// A network namespace of the host's kernel, by a path that opens it
+    /// (`/proc/PID/ns/net` of a process in it). The process tier's; a VM's
+    /// tap device or a remote tier's address will sit beside it.
+    Netns(std::path::PathBuf),
+}
+
 /// A running sandbox, as [`Backend::create`] or [`Backend::adopt`] hand it over.
 pub struct Instance {
     /// The multiplexed connection to its agent.
@@ -63,6 +82,9 @@ pub struct Instance {
     pub resources: Resources,
     /// Resolves when the sandbox is gone.
     pub ended: Ended,
+    /// Where its traffic leaves it; `None` when the tier cannot say (it
+    /// then gets no egress path, so no network).
+    pub egress: Option<EgressPoint>,
 }
 
 /// Usage figures of a live sandbox.

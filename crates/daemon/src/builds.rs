@@ -449,11 +449,14 @@ impl Daemon {
                 &airlock_layers::unpack::UnpackLimits::default(),
             )
         });
-        let exported = self
-            .inner
-            .backend
-            .export_writable_layer(id, Box::new(writer))
-            .await;
+        let sandbox = self.running(id)?;
+        let exported = match self.inner.tiers.get(sandbox.spec.tier) {
+            Ok(backend) => backend.export_writable_layer(id, Box::new(writer)).await,
+            Err(e) => Err(airlock_backend::ExportError::Unsupported {
+                tier: sandbox.spec.tier.as_str(),
+            })
+            .inspect_err(|_| tracing::warn!("{e}")),
+        };
         let unpacked = unpacking
             .await
             .map_err(|e| DaemonError::Internal(format!("the layer's unpacking was lost: {e}")))?;

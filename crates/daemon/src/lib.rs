@@ -27,6 +27,7 @@ pub mod reconcile;
 pub mod sandboxes;
 pub mod startup;
 pub mod templates;
+pub mod tiers;
 pub mod tokens;
 
 use airlock_backend::{Backend, Resources};
@@ -324,7 +325,7 @@ impl LiveSandbox {
 pub(crate) struct Inner {
     config: Config,
     store: SharedStore,
-    backend: Arc<dyn Backend>,
+    tiers: tiers::Tiers,
     admission: Admission,
     live: Mutex<HashMap<String, Arc<LiveSandbox>>>,
     /// Ids being created (no live entry yet); they count as recorded.
@@ -430,12 +431,22 @@ pub enum StartError {
 }
 
 impl Daemon {
-    /// A daemon over `store` running sandboxes on `backend`. Call
-    /// [`Daemon::reconcile`] next, then start the reaper.
+    /// A daemon over `store` running sandboxes on `backend` (its one
+    /// tier, probed). Call [`Daemon::reconcile`] next, then start the
+    /// reaper.
     pub fn new(
         config: Config,
         store: SharedStore,
         backend: Arc<dyn Backend>,
+    ) -> Result<Daemon, StartError> {
+        Daemon::with_tiers(config, store, tiers::Tiers::probe(vec![backend]))
+    }
+
+    /// A daemon over `store` running sandboxes on the available `tiers`.
+    pub fn with_tiers(
+        config: Config,
+        store: SharedStore,
+        tiers: tiers::Tiers,
     ) -> Result<Daemon, StartError> {
         let admission = Admission::new(config.admission)?;
         let token_key = tokens::TokenKey::load_or_create(&config.data_dir)
@@ -449,7 +460,7 @@ impl Daemon {
             inner: Arc::new(Inner {
                 config,
                 store,
-                backend,
+                tiers,
                 admission,
                 live: Mutex::new(HashMap::new()),
                 creating: Mutex::new(Default::default()),
@@ -464,15 +475,24 @@ impl Daemon {
         })
     }
 
-    /// Lets the backend prepare ahead for the first create.
+    /// Lets every tier prepare ahead for the first create.
     pub fn warm(&self) {
-        self.inner.backend.warm();
+        for backend in self.inner.tiers.all() {
+            backend.warm();
+        }
     }
 
     /// Releases what was prepared ahead; sandboxes keep running.
     pub fn shutdown(&self) {
         self.inner.admission.close();
-        self.inner.backend.shutdown();
+        for backend in self.inner.tiers.all() {
+            backend.shutdown();
+        }
+    }
+
+    /// The tiers, available or not, and why not.
+    pub fn tiers(&self) -> Vec<tiers::TierStatus> {
+        self.inner.tiers.statuses()
     }
 
     /// The configuration in force.
@@ -595,9 +615,15 @@ impl Daemon {
         }
         let admission = self.inner.admission.snapshot();
         metrics.queue_depth.set(admission.queued as i64);
-        metrics
-            .leaked_resources
-            .set(self.inner.backend.leaked(&self.recorded_ids()) as i64);
+        metrics.leaked_resources.set({
+            let keep = self.recorded_ids();
+            self.inner
+                .tiers
+                .all()
+                .iter()
+                .map(|b| b.leaked(&keep))
+                .sum::<usize>() as i64
+        });
         metrics
             .unowned_layers
             .set(self.unowned_store_entries() as i64);

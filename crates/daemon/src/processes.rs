@@ -88,7 +88,11 @@ impl Daemon {
             .map_err(closed(id))?;
         // Read while the agent forks: the new process cannot have run yet,
         // and the cgroup reads stay off the round trip.
-        let before = self.inner.backend.usage(id).unwrap_or_default();
+        let backend = self.inner.tiers.get(sandbox.spec.tier).ok().cloned();
+        let before = backend
+            .as_ref()
+            .and_then(|b| b.usage(id))
+            .unwrap_or_default();
         let pid = match events.next().await.map_err(closed(id))? {
             Some(frame) => match frame.msg {
                 Event::Started { pid } => pid,
@@ -135,11 +139,11 @@ impl Daemon {
         let pumped = Arc::clone(&hub);
         let request_id = request_id.to_owned();
         tokio::spawn(async move {
-            let backend = Arc::clone(&daemon.inner.backend);
             let sandbox_id = sandbox.id.clone();
             let oom_check = move || {
                 backend
-                    .usage(&sandbox_id)
+                    .as_ref()
+                    .and_then(|b| b.usage(&sandbox_id))
                     .is_some_and(|after| after.oom_kills > before.oom_kills)
             };
             let finished = pump(&pumped, events, requested_at, oom_check).await;
@@ -226,7 +230,7 @@ impl Daemon {
                 );
             }
         }
-        if let Some(after) = self.inner.backend.usage(id) {
+        if let Some(after) = self.usage(id) {
             if after.pids_limit_hits > before.pids_limit_hits {
                 self.inner.audit.record(
                     Stream::Security,

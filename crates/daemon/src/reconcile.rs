@@ -112,7 +112,7 @@ impl Daemon {
                     resources,
                     expires_at: row.expires_at,
                 };
-                match self.inner.backend.adopt(&row.id, &recorded.resources).await {
+                match self.adopt_recorded(&row.id, &recorded.resources).await {
                     Ok(instance) => {
                         let lease = self.inner.admission.adopt(&recorded.owner);
                         self.install_adopted(recorded, instance, lease);
@@ -143,10 +143,26 @@ impl Daemon {
                 .await;
             report.reaped.push(row.id);
         }
-        let found = self.inner.backend.reconcile(&keep).await;
-        report.stopped_unrecorded = found.stopped;
-        report.removed = found.removed;
+        for backend in self.inner.tiers.all() {
+            let found = backend.reconcile(&keep).await;
+            report.stopped_unrecorded.extend(found.stopped);
+            report.removed.extend(found.removed);
+        }
         report
+    }
+
+    /// Connects again to the recorded sandbox `id` through the backend of
+    /// its tier; a tier this daemon cannot run now is a reason to try again
+    /// later, not to reap the sandbox.
+    async fn adopt_recorded(
+        &self,
+        id: &str,
+        resources: &Resources,
+    ) -> Result<airlock_backend::Instance, airlock_backend::AdoptError> {
+        match self.inner.tiers.of(resources) {
+            Ok(backend) => backend.adopt(id, resources).await,
+            Err(e) => Err(airlock_backend::AdoptError::Unreachable(e.to_string())),
+        }
     }
 
     /// Serves an adopted sandbox again.
@@ -166,9 +182,15 @@ impl Daemon {
         } = recorded;
         // The recorded deadline is the one in force (a supervisor may have
         // missed the last change if the daemon died in between).
-        if let Err(e) = self.inner.backend.set_deadline(&id, &resources, expires_at) {
-            tracing::error!("re-adopting {id}: {e}: {}", e.source);
+        match self.inner.tiers.of(&resources) {
+            Ok(backend) => {
+                if let Err(e) = backend.set_deadline(&id, &resources, expires_at) {
+                    tracing::error!("re-adopting {id}: {e}: {}", e.source);
+                }
+            }
+            Err(e) => tracing::error!("re-adopting {id}: {e}"),
         }
+        let egress_point = instance.egress.clone();
         let (sandbox, ended) =
             LiveSandbox::new(id.clone(), owner, spec, instance, state, Some(lease));
         self.inner
@@ -177,10 +199,7 @@ impl Daemon {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone(), Arc::clone(&sandbox));
         self.watch_for_death(&sandbox, ended);
-        let supervisor = match resources {
-            Resources::Process { supervisor_pid, .. } => supervisor_pid,
-        };
-        if let Err(e) = self.attach_egress(&sandbox, supervisor) {
+        if let Err(e) = self.attach_egress(&sandbox, egress_point.as_ref()) {
             tracing::error!("re-adopting {id}: {e}");
         }
         self.inner.audit.record(
@@ -201,7 +220,7 @@ impl Daemon {
         resources: Option<&Resources>,
         reason: DeadReason,
     ) {
-        if let Err(e) = self.inner.backend.destroy(id, resources).await {
+        if let Err(e) = self.release_resources(id, resources).await {
             self.inner.metrics.teardown_failures.inc();
             tracing::error!("{e}");
         }
@@ -288,7 +307,7 @@ impl Daemon {
                     .await;
                 return;
             }
-            match self.inner.backend.adopt(&id, &recorded.resources).await {
+            match self.adopt_recorded(&id, &recorded.resources).await {
                 Ok(instance) => {
                     recorded.state = state;
                     recorded.expires_at = row.expires_at;

@@ -100,6 +100,8 @@ impl Daemon {
     fn check_request(&self, spec: &SandboxSpec) -> Result<(), DaemonError> {
         spec.validate()
             .map_err(|e| DaemonError::BadInput(e.to_string()))?;
+        // A tier that cannot run here says why (its probe's sentence).
+        self.inner.tiers.get(spec.tier)?;
         let capacity = self.config().capacity;
         if spec.limits.memory_bytes > capacity.memory_bytes {
             return Err(DaemonError::BadInput(format!(
@@ -224,16 +226,14 @@ impl Daemon {
         };
         let started = Instant::now();
         let spec = request.spec;
-        let id = self.inner.backend.reserve_id(&spec);
+        let backend = Arc::clone(self.inner.tiers.get(spec.tier)?);
+        let id = backend.reserve_id(&spec);
         // Derived, not drawn, so dialects can hand it out again (see tokens).
         let access_token = self.inner.token_key.token_for(&id);
         let now = now_ms();
         let spec_json = serde_json::to_string(&spec)
             .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
-        let tier = serde_json::to_value(spec.tier)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "process".into());
+        let tier = spec.tier.as_str().to_owned();
         // The layers are recorded with the row, before a collection could
         // take them (the template may be removed while this one runs).
         let layers_lock = self.inner.layers_lock.read().await;
@@ -254,7 +254,7 @@ impl Daemon {
         });
         drop(layers_lock);
         if let Err(e) = inserted {
-            self.inner.backend.unreserve(&id);
+            backend.unreserve(&id);
             return Err(e.into());
         }
         self.inner
@@ -312,7 +312,10 @@ impl Daemon {
         } = launching;
         let owner = &owner;
         let request_id = request_id.as_str();
-        let created = self.inner.backend.create(&id, &spec).await;
+        let created = match self.inner.tiers.get(spec.tier) {
+            Ok(backend) => backend.create(&id, &spec).await,
+            Err(e) => Err(CreateError::BadInput(e.to_string())),
+        };
         let instance = match created {
             Ok(instance) => instance,
             Err(e) => {
@@ -387,13 +390,8 @@ impl Daemon {
         let id = launch.id().to_owned();
         let request_id = launch.request_id().to_owned();
         let resources_json = serde_json::to_string(&instance.resources).ok();
-        let supervisor = match &instance.resources {
-            Resources::Process { supervisor_pid, .. } => *supervisor_pid,
-        };
-        self.with_store(|s| {
-            s.set_resources(&id, resources_json.as_deref())
-                .and_then(|()| s.set_supervisor(&id, supervisor))
-        })?;
+        let egress_point = instance.egress.clone();
+        self.with_store(|s| s.set_resources(&id, resources_json.as_deref()))?;
         // A timeout set while it was starting is handed on now (see
         // `set_timeout`): the backend was started with the spec's.
         if let Some(row) = self.with_store(|s| s.get_sandbox(&id))? {
@@ -413,7 +411,7 @@ impl Daemon {
         self.watch_for_death(&sandbox, ended);
         // Without its egress path the sandbox could not reach what its
         // policy allows: it is not handed out.
-        self.attach_egress(&sandbox, supervisor)?;
+        self.attach_egress(&sandbox, egress_point.as_ref())?;
         match self.transition(&id, State::Creating, Action::Started)? {
             Some(state) => sandbox.set_state(state),
             None => {
@@ -485,9 +483,7 @@ impl Daemon {
             }
             None => {
                 if let Err(e) = self
-                    .inner
-                    .backend
-                    .destroy(&unwind.id, Some(&unwind.resources))
+                    .release_resources(&unwind.id, Some(&unwind.resources))
                     .await
                 {
                     self.inner.metrics.teardown_failures.inc();
@@ -716,9 +712,7 @@ impl Daemon {
         request_id: Option<&str>,
     ) {
         if let Err(e) = self
-            .inner
-            .backend
-            .destroy(&sandbox.id, Some(&sandbox.resources))
+            .release_resources(&sandbox.id, Some(&sandbox.resources))
             .await
         {
             self.inner.metrics.teardown_failures.inc();
@@ -840,27 +834,25 @@ impl Daemon {
     }
 
     /// Serves the egress path of `sandbox` if its policy lets anything
-    /// out; its network namespace is the supervisor's (see
-    /// `airlock_jail::net`).
+    /// out, where its tier says its traffic leaves it.
     pub(crate) fn attach_egress(
         &self,
         sandbox: &Arc<LiveSandbox>,
-        supervisor: Option<u32>,
+        point: Option<&airlock_backend::EgressPoint>,
     ) -> Result<(), DaemonError> {
         if sandbox.spec.network.is_none() {
             return Ok(());
         }
-        let pid = supervisor.ok_or_else(|| {
-            DaemonError::Internal(format!(
-                "{} has no supervisor to reach its network",
+        let Some(airlock_backend::EgressPoint::Netns(netns)) = point else {
+            return Err(DaemonError::Internal(format!(
+                "{}'s tier gave no point to serve its network at",
                 sandbox.id
-            ))
-        })?;
-        let netns = std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
+            )));
+        };
         let attachment = self
             .inner
             .egress
-            .attach(&sandbox.id, &netns, sandbox.spec.network.clone())
+            .attach(&sandbox.id, netns, sandbox.spec.network.clone())
             .map_err(|e| DaemonError::Internal(format!("egress of {}: {e}", sandbox.id)))?;
         *sandbox.egress.lock().unwrap_or_else(|p| p.into_inner()) = Some(attachment);
         Ok(())
@@ -898,7 +890,8 @@ impl Daemon {
     /// Resource usage of the running sandbox `id` so far, when its backend
     /// can tell.
     pub fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {
-        self.inner.backend.usage(id)
+        let sandbox = self.live_sandbox(id)?;
+        self.inner.tiers.get(sandbox.spec.tier).ok()?.usage(id)
     }
 
     /// One page of the sandboxes `key` may see.
@@ -961,10 +954,36 @@ impl Daemon {
             return Ok(false);
         };
         self.inner
-            .backend
+            .tiers
+            .of(&resources)?
             .set_deadline(&row.id, &resources, at_ms)
             .map_err(|e| DaemonError::Internal(format!("{e}: {}", e.source)))?;
         Ok(true)
+    }
+
+    /// Releases everything sandbox `id` holds through the backend of the
+    /// tier that recorded `resources`; with nothing recorded, every tier
+    /// is asked (each removes what it finds of `id`, and nothing else).
+    pub(crate) async fn release_resources(
+        &self,
+        id: &str,
+        resources: Option<&Resources>,
+    ) -> Result<(), airlock_backend::DestroyError> {
+        match resources {
+            Some(resources) => match self.inner.tiers.of(resources) {
+                Ok(backend) => backend.destroy(id, Some(resources)).await,
+                Err(e) => Err(airlock_backend::DestroyError {
+                    id: id.to_owned(),
+                    what: format!("everything: {e}"),
+                }),
+            },
+            None => {
+                for backend in self.inner.tiers.all() {
+                    backend.destroy(id, None).await?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// The network policy in force in `id`.

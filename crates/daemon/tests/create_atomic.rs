@@ -122,6 +122,7 @@ impl Backend for LockingTier {
                 let ending = ended.wait_for(Option::is_some).await.ok().and_then(|e| *e);
                 ending.unwrap_or(Ending::Unknown)
             }),
+            egress: None,
         })
     }
     async fn adopt(&self, _: &str, _: &Resources) -> Result<Instance, AdoptError> {

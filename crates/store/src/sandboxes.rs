@@ -13,7 +13,7 @@ use crate::{
 
 /// The columns of a [`SandboxRow`], in the order [`sandbox_from_row`] reads.
 const COLUMNS: &str = "id, state, state_reason, tier, template, spec_json, metadata_json, \
-     owner_key_id, created_at, updated_at, expires_at, supervisor_pid, resources_json";
+     owner_key_id, created_at, updated_at, expires_at, resources_json";
 
 fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<SandboxRow> {
     let metadata: BTreeMap<String, String> = json_column(row, 6)?;
@@ -29,8 +29,7 @@ fn sandbox_from_row(row: &Row<'_>) -> rusqlite::Result<SandboxRow> {
         created_at: row.get(8)?,
         updated_at: row.get(9)?,
         expires_at: row.get(10)?,
-        supervisor_pid: row.get(11)?,
-        resources_json: row.get(12)?,
+        resources_json: row.get(11)?,
     })
 }
 
@@ -187,15 +186,6 @@ impl Store {
             id,
             "UPDATE sandboxes SET spec_json = ?2, updated_at = ?3 WHERE id = ?1",
             Value::Text(spec_json.to_owned()),
-        )
-    }
-
-    /// Records (or with `None` clears) the sandbox's supervisor process.
-    pub fn set_supervisor(&self, id: &str, pid: Option<u32>) -> Result<(), StoreError> {
-        self.update_one(
-            id,
-            "UPDATE sandboxes SET supervisor_pid = ?2, updated_at = ?3 WHERE id = ?1",
-            pid.map_or(Value::Null, |p| Value::Integer(i64::from(p))),
         )
     }
 

@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -136,6 +136,13 @@ CREATE TABLE build_steps (
 ) STRICT;
 
 CREATE INDEX build_steps_by_layer ON build_steps (diff_id);
+"#;
+
+/// Version 4: no tier's internals in the sandboxes table. The process
+/// tier's supervisor pid lives in its own `resources_json`, as every
+/// tier's records do.
+const V4: &str = r#"
+ALTER TABLE sandboxes DROP COLUMN supervisor_pid;
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

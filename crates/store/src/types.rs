@@ -138,14 +138,12 @@ pub struct SandboxRow {
     pub updated_at: i64,
     /// Unix milliseconds after which the reaper kills it.
     pub expires_at: i64,
-    /// The per-sandbox supervisor process, once started.
-    pub supervisor_pid: Option<u32>,
     /// What teardown must release, as JSON text.
     pub resources_json: Option<String>,
 }
 
 /// A sandbox to insert. It starts in [`State::Creating`] with no reason and
-/// no supervisor.
+/// no resources recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewSandbox {
     /// `sbx-` and 16 hex digits; see [`crate::new_sandbox_id`].

@@ -215,7 +215,6 @@ fn a_sandbox_round_trips() {
     assert_eq!(row.owner_key_id, key);
     assert_eq!((row.created_at, row.updated_at), (1_000, 1_000));
     assert_eq!(row.expires_at, 301_000);
-    assert_eq!(row.supervisor_pid, None);
     assert_eq!(row.resources_json, new.resources_json);
     assert_eq!(store.get_sandbox("sbx-nope").unwrap(), None);
 
@@ -366,32 +365,28 @@ fn set_state_compares_and_sets() {
 }
 
 #[test]
-fn expiry_supervisor_and_resources_are_updated() {
+fn expiry_and_resources_are_updated() {
     let (store, key) = store_with_key();
     store.insert_sandbox(&sandbox("sbx-1", &key, 1)).unwrap();
 
     store.set_expiry("sbx-1", 42).unwrap();
-    store.set_supervisor("sbx-1", Some(4242)).unwrap();
     store
         .set_resources("sbx-1", Some(r#"{"cgroup":"a/b","slot":7}"#))
         .unwrap();
     let row = store.get_sandbox("sbx-1").unwrap().unwrap();
     assert_eq!(row.expires_at, 42);
-    assert_eq!(row.supervisor_pid, Some(4242));
     assert_eq!(
         row.resources_json.as_deref(),
         Some(r#"{"cgroup":"a/b","slot":7}"#)
     );
     assert!(row.updated_at > 1);
 
-    store.set_supervisor("sbx-1", None).unwrap();
     store.set_resources("sbx-1", None).unwrap();
     let row = store.get_sandbox("sbx-1").unwrap().unwrap();
-    assert_eq!((row.supervisor_pid, row.resources_json), (None, None));
+    assert_eq!(row.resources_json, None);
 
     for result in [
         store.set_expiry("sbx-x", 1),
-        store.set_supervisor("sbx-x", Some(1)),
         store.set_resources("sbx-x", Some("{}")),
         store.delete_sandbox("sbx-x"),
     ] {

@@ -63,12 +63,14 @@ pub enum ClientCommand {
     /// Show a sandbox's network policy, or replace it while it runs
     /// (`--net open`, `--allow RULE`...; new connections follow at once).
     Network(sandboxes::NetworkArgs),
-    /// Import, list, inspect and remove templates.
+    /// Build, import, pull, list, inspect and remove templates.
     #[command(subcommand)]
     Template(templates::TemplateCommand),
-    /// Remove the layers no template or live sandbox uses, and what
-    /// half-done imports left.
+    /// Remove the layers no template, live sandbox or build cache entry
+    /// uses, and what half-done imports left.
     Gc(templates::GcArgs),
+    /// List the isolation tiers, available or not and why not.
+    Tiers(sandboxes::TiersArgs),
 }
 
 /// Runs one client command; the exit code to leave with.
@@ -85,6 +87,7 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Network(args) => sandboxes::network(&args),
         ClientCommand::Template(command) => templates::main(&command),
         ClientCommand::Gc(args) => templates::gc(&args),
+        ClientCommand::Tiers(args) => sandboxes::tiers(&args),
     };
     match result {
         Ok(code) => code,

@@ -737,3 +737,38 @@ mod tests {
         assert!(requests.iter().all(|r| r.method == "DELETE"));
     }
 }
+
+/// Options of `airlock tiers`.
+#[derive(Args)]
+pub struct TiersArgs {
+    /// Print the daemon's tier views as a JSON array.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    conn: Connection,
+}
+
+/// `airlock tiers`: each tier, available or not, and why not.
+pub fn tiers(args: &TiersArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let answer = api.get_json("/v1/tiers", &[])?;
+    let items = answer["items"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&Value::Array(items))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new(&["TIER", "AVAILABLE", "WHY NOT"]);
+    for tier in &items {
+        table.push(vec![
+            tier["tier"].as_str().unwrap_or_default().to_owned(),
+            if tier["available"].as_bool() == Some(true) {
+                "yes".to_owned()
+            } else {
+                "no".to_owned()
+            },
+            tier["reason"].as_str().unwrap_or("-").to_owned(),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(ExitCode::SUCCESS)
+}

@@ -18,8 +18,8 @@
 pub mod deadline;
 
 use crate::{
-    AdoptError, Backend, CreateError, DeadlineError, DestroyError, Ended, Ending, ExportError,
-    Instance, Reconciled, Resources, Unavailable, Usage,
+    AdoptError, Backend, CreateError, DeadlineError, DestroyError, EgressPoint, Ended, Ending,
+    ExportError, Instance, Reconciled, Resources, Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::disk::DiskStore;
@@ -392,10 +392,41 @@ fn spawn_supervisor(
 
 /// Hands a started supervisor its spec and waits for its one-line answer
 /// (blocking).
+/// The network namespace of a sandbox: its supervisor's (see
+/// `airlock_jail::net`).
+fn netns_of(supervisor_pid: u32) -> EgressPoint {
+    EgressPoint::Netns(PathBuf::from(format!("/proc/{supervisor_pid}/ns/net")))
+}
+
+/// Why a supervisor did not launch its sandbox.
+#[derive(Debug)]
+enum LaunchFailure {
+    /// It answered with an error: the launch itself failed (or the spec
+    /// cannot run here, when `bad_input`). Trying again would fail again.
+    Refused { message: String, bad_input: bool },
+    /// It ended (or stopped reading) without an answer: a spare that died
+    /// while it waited, or a supervisor that crashed.
+    Silent(String),
+}
+
+impl From<LaunchFailure> for CreateError {
+    fn from(failure: LaunchFailure) -> CreateError {
+        match failure {
+            LaunchFailure::Refused {
+                message,
+                bad_input: true,
+            } => CreateError::BadInput(message),
+            LaunchFailure::Refused { message, .. } | LaunchFailure::Silent(message) => {
+                CreateError::Failed(message)
+            }
+        }
+    }
+}
+
 fn launch_with(
     mut child: std::process::Child,
     spec_json: &[u8],
-) -> Result<(u32, OwnedFd), CreateError> {
+) -> Result<(u32, OwnedFd), LaunchFailure> {
     let pid = child.id();
     let pidfd = Pid::from_raw(pid as i32)
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
@@ -419,12 +450,10 @@ fn launch_with(
             let _ = child.kill();
             let _ = child.wait();
             match answer {
-                Some(Answer::Error {
-                    message,
-                    bad_input: true,
-                }) => Err(CreateError::BadInput(message)),
-                Some(Answer::Error { message, .. }) => Err(CreateError::Failed(message)),
-                _ => Err(CreateError::Failed(match fed {
+                Some(Answer::Error { message, bad_input }) => {
+                    Err(LaunchFailure::Refused { message, bad_input })
+                }
+                _ => Err(LaunchFailure::Silent(match fed {
                     Err(e) => format!("the supervisor did not take the spec: {e}"),
                     Ok(_) => "the supervisor ended without answering".to_owned(),
                 })),
@@ -593,14 +622,16 @@ impl Backend for ProcessBackend {
                     disk.as_deref(),
                 )
             };
-            match spare {
+            let launched = match spare {
                 Some(spare) => match launch_with(spare.child, &spec_json) {
-                    // A spare that died while it waited: start a fresh one.
-                    Err(CreateError::Failed(_)) => launch_with(fresh()?, &spec_json),
+                    // A spare that died while it waited: start a fresh one
+                    // (a launch that failed is not tried again).
+                    Err(LaunchFailure::Silent(_)) => launch_with(fresh()?, &spec_json),
                     other => other,
                 },
                 None => launch_with(fresh()?, &spec_json),
-            }
+            };
+            launched.map_err(CreateError::from)
         })
         .await
         .map_err(|e| CreateError::Failed(format!("the supervisor start was cancelled: {e}")))??;
@@ -616,6 +647,7 @@ impl Backend for ProcessBackend {
                 agent,
                 resources,
                 ended,
+                egress: Some(netns_of(pid)),
             }),
             Err(e) => {
                 let _ = self.destroy(id, Some(&resources)).await;
@@ -646,6 +678,7 @@ impl Backend for ProcessBackend {
                     agent,
                     resources: resources.clone(),
                     ended,
+                    egress: Some(netns_of(pid)),
                 })
             }
             // It ended meanwhile (or was ending: its socket is the last
@@ -854,4 +887,53 @@ fn export_upper(
         &airlock_layers::snapshot::SnapshotLimits::default(),
         &elide,
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// A child standing for a supervisor: `script` answers on stdout.
+    fn child(script: &str) -> std::process::Child {
+        Command::new("sh")
+            .args(["-c", script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_supervisor_that_answers_an_error_refused_the_launch_and_one_that_ends_was_silent() {
+        let refused = launch_with(
+            child(
+                r#"cat >/dev/null; echo '{"error": {"message": "no room", "bad_input": false}}'"#,
+            ),
+            b"{}",
+        );
+        match refused {
+            Err(LaunchFailure::Refused { message, bad_input }) => {
+                assert_eq!((message.as_str(), bad_input), ("no room", false));
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = launch_with(
+            child(
+                r#"cat >/dev/null; echo '{"error": {"message": "bad limit", "bad_input": true}}'"#,
+            ),
+            b"{}",
+        );
+        assert!(matches!(
+            CreateError::from(bad.unwrap_err()),
+            CreateError::BadInput(m) if m == "bad limit"
+        ));
+        // A spare that died while it waited: nothing answered.
+        let silent = launch_with(child("exit 0"), b"{}");
+        assert!(
+            matches!(silent, Err(LaunchFailure::Silent(_))),
+            "{silent:?}"
+        );
+    }
 }

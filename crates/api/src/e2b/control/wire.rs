@@ -654,7 +654,6 @@ mod tests {
             created_at: 1_700_000_000_000,
             updated_at: 1_700_000_000_000,
             expires_at: 1_700_000_300_000,
-            supervisor_pid: None,
             resources_json: None,
         }
     }
