@@ -1,4 +1,5 @@
-//! `airlock`: one binary for the CLI, the in-sandbox agent and (soon) the daemon.
+//! `airlock`: the CLI, the daemon and its helpers (supervisors, the egress
+//! worker). The in-sandbox agent is a binary of its own, `airlock-agent`.
 
 mod client;
 mod egress_worker;
@@ -45,13 +46,6 @@ enum Command {
     /// the daemon with its channel on stdin. Not for direct use.
     #[command(hide = true)]
     EgressWorker,
-    /// The in-sandbox agent (PID 1 of every sandbox). Not for direct use.
-    #[command(hide = true)]
-    Agent {
-        /// Descriptor of the channel to the host.
-        #[arg(long)]
-        fd: i32,
-    },
 }
 
 fn main() -> ExitCode {
@@ -74,7 +68,6 @@ fn main() -> ExitCode {
         Command::Keys(command) => serve::keys(command),
         Command::Supervise(args) => supervise::main(args),
         Command::EgressWorker => egress_worker::main(),
-        Command::Agent { fd } => agent(fd),
     }
 }
 
@@ -93,25 +86,4 @@ fn one_line(rendered: &str) -> String {
         parts.push(line.strip_prefix("error: ").unwrap_or(line));
     }
     parts.join(" ") + " (see --help)"
-}
-
-fn agent(fd: i32) -> ExitCode {
-    use std::os::fd::FromRawFd;
-    if fd < 3 {
-        eprintln!("airlock: error: the agent channel must be a descriptor above stdio");
-        return ExitCode::from(EXIT_BAD_INPUT);
-    }
-    // SAFETY: the sandbox init placed the host channel on `fd` and exec'd us;
-    // nothing else in this process owns it.
-    let channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
-    let config = airlock_agent::AgentConfig {
-        keepalive: std::time::Duration::from_secs(10),
-        drop_privileges: true,
-        user_home: "/home/user".into(),
-        root_home: "/root".into(),
-    };
-    match airlock_agent::serve(config, channel) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(_) => ExitCode::from(EXIT_INTERNAL),
-    }
 }

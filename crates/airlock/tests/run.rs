@@ -358,3 +358,48 @@ fn signals_to_the_cli_reach_the_command() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(7), "{status:?}");
 }
+
+#[test]
+fn the_agent_is_its_own_small_binary() {
+    // What runs inside a sandbox links the agent and the protocol, nothing
+    // of the daemon: no HTTP server, no SQLite, no CLI parser.
+    let agent = std::fs::read(env!("CARGO_BIN_EXE_airlock-agent")).unwrap();
+    let airlock = std::fs::read(env!("CARGO_BIN_EXE_airlock")).unwrap();
+    let has =
+        |bytes: &[u8], needle: &str| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+    for marker in [
+        "sqlite3_prepare",
+        "hyper::proto",
+        "axum::routing",
+        "clap_builder",
+    ] {
+        assert!(
+            has(&airlock, marker),
+            "{marker} is not a marker of the daemon binary"
+        );
+        assert!(!has(&agent, marker), "the agent binary links {marker}");
+    }
+    assert!(
+        agent.len() * 3 < airlock.len(),
+        "agent {} bytes, airlock {}",
+        agent.len(),
+        airlock.len()
+    );
+    let value = sh_json(&[], "tr '\\0' ' ' < /proc/1/cmdline");
+    assert_eq!(stdout(&value), "airlock-agent --fd 3 ");
+}
+
+#[test]
+fn a_missing_agent_binary_is_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .env("AIRLOCK_AGENT", "/nonexistent/airlock-agent")
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/airlock-agent") && stderr.contains("AIRLOCK_AGENT"),
+        "{stderr}"
+    );
+}

@@ -65,6 +65,27 @@ pub enum LaunchError {
     Io(&'static str, #[source] io::Error),
     #[error("sandbox setup failed: {0}")]
     Setup(String),
+    #[error("the agent binary {0} cannot be opened: build it beside airlock (cargo build --bins) or name it in AIRLOCK_AGENT")]
+    AgentMissing(PathBuf, #[source] io::Error),
+}
+
+/// Where the in-sandbox agent binary is: `AIRLOCK_AGENT` if set, else
+/// `airlock-agent` beside the running binary. Every tier runs this one
+/// binary as its sandboxes' init.
+pub fn agent_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("AIRLOCK_AGENT").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("airlock-agent")))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/airlock-agent"))
+}
+
+/// Opens [`agent_binary`] for a launch.
+pub fn open_agent() -> Result<fs::File, LaunchError> {
+    let path = agent_binary();
+    fs::File::open(&path).map_err(|e| LaunchError::AgentMissing(path, e))
 }
 
 impl LaunchError {
@@ -87,6 +108,7 @@ pub struct Prepared {
     layout: CgroupLayout,
     host: HostFacts,
     seccomp: seccompiler::BpfProgram,
+    agent: fs::File,
 }
 
 /// A running sandbox of the process tier, seen from the host.
@@ -169,6 +191,7 @@ impl Jail {
             layout,
             host: HostFacts::gather(),
             seccomp: seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?,
+            agent: open_agent()?,
         })
     }
 
@@ -211,6 +234,7 @@ impl Jail {
             layout,
             host,
             seccomp: program,
+            agent,
         } = prepared;
         let rootfs = rootfs::plan(spec, &host, &id);
 
@@ -263,7 +287,7 @@ impl Jail {
             }
             None => None,
         };
-        jail.start(spec, &rootfs, runtime, program, upper.as_deref())?;
+        jail.start(spec, &rootfs, runtime, program, agent, upper.as_deref())?;
         Ok(jail)
     }
 
@@ -273,6 +297,7 @@ impl Jail {
         rootfs: &RootfsPlan,
         runtime: &RuntimeDir,
         seccomp: seccompiler::BpfProgram,
+        agent: fs::File,
         upper: Option<&Path>,
     ) -> Result<(), LaunchError> {
         let (host_end, agent_end) =
@@ -280,8 +305,6 @@ impl Jail {
         let (go_read, go_write) = pipe()?;
         let (cgroup_read, cgroup_write) = pipe()?;
         let (err_read, err_write) = pipe()?;
-        let exe = fs::File::open("/proc/self/exe")
-            .map_err(|e| LaunchError::Io("open the airlock binary", e))?;
         let template_dir = match &spec.template {
             Template::Dir { path } => Some(path.as_path()),
             Template::Host | Template::Layers { .. } => None,
@@ -297,7 +320,7 @@ impl Jail {
                 UnixStream::pair().map_err(|e| LaunchError::Io("create the layer channel", e))?;
             (Some(host), Some(OwnedFd::from(child)))
         };
-        let argv = ["airlock", "agent", "--fd", "3"]
+        let argv = ["airlock-agent", "--fd", "3"]
             .iter()
             .map(|s| {
                 CString::new(*s)
@@ -317,7 +340,11 @@ impl Jail {
             cgroup_read,
             err_write,
             agent_end: agent_end.into(),
-            exe: exe.into(),
+            // Above AGENT_FD: the child puts the channel on AGENT_FD, which
+            // must not be the descriptor it execs (a file opened first in
+            // a fresh process gets the lowest free number, 3).
+            exe: rustix::io::fcntl_dupfd_cloexec(&agent, AGENT_FD + 1)
+                .map_err(|e| LaunchError::Io("keep the agent binary open", e.into()))?,
             argv,
             seccomp,
             landlock: if spec.security.unsafe_allow_no_landlock {
@@ -977,7 +1004,7 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
     let mut argv: Vec<*const libc::c_char> = context.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
     let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-    // SAFETY: `exe` is an open descriptor of the airlock binary; argv and
+    // SAFETY: `exe` is an open descriptor of the agent binary; argv and
     // envp are null-terminated arrays of pointers to NUL-terminated strings
     // owned by `context`, alive for the call. On success this never returns.
     unsafe {

@@ -1,4 +1,4 @@
-//! The agent protocol: how the host talks to `airlock agent`, PID 1 of every
+//! The agent protocol: how the host talks to `airlock-agent`, PID 1 of every
 //! sandbox, over one byte stream (a socketpair today, a vsock tomorrow).
 //!
 //! # Wire format

@@ -1,0 +1,79 @@
+//! `airlock-agent`: the in-sandbox agent, PID 1 of every sandbox on every
+//! tier. A binary of its own, apart from `airlock`, so that what runs inside
+//! a guest holds no HTTP server, no SQLite and no CLI: it links only
+//! `airlock-agent` and the protocol. The tiers find it beside the `airlock`
+//! binary (or at `AIRLOCK_AGENT`), as they find a template.
+//!
+//! Usage (by a tier, not by people): `airlock-agent --fd N`, where N is the
+//! descriptor of the channel to the host: 3 or above (the process tier
+//! places it there), or 0 (the OCI runtimes hand a sandbox's init only its
+//! stdio, so the gvisor and oci tiers make its stdin the channel).
+
+use std::mem::ManuallyDrop;
+use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
+use std::process::ExitCode;
+
+/// Exit code for a bad command line.
+const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code when the agent failed.
+const EXIT_INTERNAL: u8 = 125;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let fd = match args.as_slice() {
+        [flag, fd] if flag == "--fd" => fd.parse::<RawFd>().ok(),
+        _ => None,
+    };
+    let Some(fd) = fd.filter(|fd| *fd == 0 || *fd >= 3) else {
+        eprintln!(
+            "airlock-agent: usage: airlock-agent --fd N (N = 0, or a descriptor above stdio)"
+        );
+        return ExitCode::from(EXIT_BAD_INPUT);
+    };
+    let fd = if fd == 0 {
+        match channel_off_stdin() {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("airlock-agent: cannot take the channel off stdin: {e}");
+                return ExitCode::from(EXIT_INTERNAL);
+            }
+        }
+    } else {
+        fd
+    };
+    // SAFETY: the tier placed the host channel on `fd` (or it was moved
+    // there from stdin above) and nothing else in this process owns it.
+    let channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let config = airlock_agent::AgentConfig {
+        keepalive: std::time::Duration::from_secs(10),
+        drop_privileges: true,
+        user_home: "/home/user".into(),
+        root_home: "/root".into(),
+    };
+    match airlock_agent::serve(config, channel) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::from(EXIT_INTERNAL),
+    }
+}
+
+/// Moves the channel from stdin to a descriptor above stdio (close-on-exec,
+/// so no process the agent starts inherits it) and puts `/dev/null` on
+/// stdin and stdout, so nothing written there can reach the channel.
+fn channel_off_stdin() -> std::io::Result<RawFd> {
+    use rustix::io::{dup2, fcntl_dupfd_cloexec};
+    // SAFETY: fd 0 is open for the whole life of this process (the runtime
+    // gave it to us); the borrow ends before it is replaced below.
+    let stdin = unsafe { rustix::fd::BorrowedFd::borrow_raw(0) };
+    let moved = fcntl_dupfd_cloexec(stdin, 3)?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    for target in [0, 1] {
+        // SAFETY: fds 0 and 1 are this process's stdio; replacing them with
+        // /dev/null leaves no other owner of the old descriptions here.
+        let mut target = ManuallyDrop::new(unsafe { rustix::fd::OwnedFd::from_raw_fd(target) });
+        dup2(&null, &mut target)?;
+    }
+    Ok(moved.into_raw_fd())
+}
