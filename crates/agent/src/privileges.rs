@@ -113,7 +113,12 @@ impl ChildSetup {
     /// Runs in the forked child, before `exec`. Async-signal-safe: only raw
     /// system calls on values computed before the fork.
     pub(crate) fn apply(&self) -> io::Result<()> {
-        rustix::process::setsid()?;
+        // Not rustix's `setsid`: it takes the result for a non-zero pid, and
+        // gVisor's kernel (2022 releases) answers 0 for success.
+        // SAFETY: setsid takes no arguments and touches no memory of ours.
+        if unsafe { libc::setsid() } < 0 {
+            return Err(io::Error::last_os_error());
+        }
         if self.controlling_terminal {
             // std has already put the slave on descriptors 0, 1 and 2.
             rustix::process::ioctl_tiocsctty(rustix::stdio::stdin())?;

@@ -5,6 +5,7 @@ mod client;
 mod egress_worker;
 mod net_args;
 mod run;
+mod sandbox;
 mod serve;
 mod supervise;
 

@@ -1,9 +1,9 @@
 //! `airlock run`: an ephemeral sandbox for one command.
 
 use crate::net_args::NetArgs;
+use crate::sandbox::{Prepared, Sandbox};
 use crate::{EXIT_BAD_INPUT, EXIT_INTERNAL};
 use airlock_jail::runtime::RuntimeDir;
-use airlock_jail::Jail;
 use airlock_policy::{
     parse_cpus, parse_duration, parse_size, BindMount, Limits, RunAs, SandboxSpec, Security,
     Template,
@@ -28,6 +28,19 @@ pub struct RunArgs {
     /// private writable layer; its files keep their owners).
     #[arg(long, default_value = "host", value_name = "host|DIR")]
     template: String,
+    /// Isolation tier: `process` (namespaces, seccomp, Landlock and
+    /// cgroups on this kernel), `oci` (the sandbox's OCI bundle under runc)
+    /// or `gvisor` (under gVisor's runsc: a kernel of its own). `airlock
+    /// tiers` says which a daemon here can run.
+    #[arg(long, default_value = "process", value_name = "process|oci|gvisor")]
+    tier: String,
+    /// The OCI runtime's binary for `--tier oci|gvisor` (default: runc or
+    /// runsc from PATH).
+    #[arg(long, value_name = "BINARY")]
+    runtime: Option<std::path::PathBuf>,
+    /// gVisor's platform for `--tier gvisor`.
+    #[arg(long, default_value = "ptrace", value_name = "PLATFORM")]
+    gvisor_platform: String,
     /// Memory limit (the writable layer counts against it).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     memory: String,
@@ -176,7 +189,7 @@ fn spec_from_args(args: &RunArgs) -> Result<SandboxSpec, String> {
 fn serve_egress(
     args: &RunArgs,
     spec: &SandboxSpec,
-    jail: &Jail,
+    jail: &Sandbox,
 ) -> Result<airlock_egress::Attachment, String> {
     // The names are checked here, so a bad entry is this command's error.
     airlock_egress::resolver(&args.egress_host, None).map_err(|e| e.to_string())?;
@@ -234,7 +247,20 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     };
     let runtime_dir = RuntimeDir::system();
-    let launched = Jail::launch(&spec, &runtime_dir);
+    let launched = Prepared::of_tier(
+        &args.tier,
+        args.runtime.clone(),
+        &args.gvisor_platform,
+        &runtime_dir,
+    )
+    .and_then(|prepared| {
+        prepared.launch(
+            &spec,
+            &runtime_dir,
+            airlock_jail::launch::new_sandbox_id(),
+            None,
+        )
+    });
     if let Some((host, pending)) = host_namespace {
         if let Err(e) = pending.wait().and_then(|()| host.go_back()) {
             eprintln!("airlock: error: {}", error_chain(&e));
@@ -246,9 +272,9 @@ pub fn main(args: RunArgs) -> ExitCode {
     }
     let mut jail = match launched {
         Ok(jail) => jail,
-        Err(e) => {
-            eprintln!("airlock: error: {}", error_chain(&e));
-            return ExitCode::from(if e.is_bad_input() {
+        Err((message, bad_input)) => {
+            eprintln!("airlock: error: {message}");
+            return ExitCode::from(if bad_input {
                 EXIT_BAD_INPUT
             } else {
                 EXIT_INTERNAL
@@ -286,8 +312,8 @@ pub fn main(args: RunArgs) -> ExitCode {
             return ExitCode::from(EXIT_INTERNAL);
         }
     };
-    if let Err(e) = teardown {
-        eprintln!("airlock: error: teardown failed: {}", error_chain(&e));
+    if let Err(what) = teardown {
+        eprintln!("airlock: error: teardown failed: {what}");
         return ExitCode::from(EXIT_INTERNAL);
     }
     // The sandbox lives for this one command, so any OOM kill in it is this
@@ -352,7 +378,11 @@ struct Outcome {
     stderr: Vec<u8>,
 }
 
-async fn session(args: &RunArgs, spec: &SandboxSpec, jail: &mut Jail) -> Result<Outcome, String> {
+async fn session(
+    args: &RunArgs,
+    spec: &SandboxSpec,
+    jail: &mut Sandbox,
+) -> Result<Outcome, String> {
     let channel = jail.take_channel().ok_or("the agent channel is gone")?;
     channel
         .set_nonblocking(true)

@@ -124,6 +124,18 @@ pub struct ServeArgs {
     /// the collector evicts it.
     #[arg(long, default_value = "7d", value_parser = parse_duration)]
     build_cache_ttl: std::time::Duration,
+    /// The gvisor tier's runtime: gVisor's runsc (a name is looked up in
+    /// PATH).
+    #[arg(long, default_value = "runsc", value_name = "BINARY")]
+    gvisor_runtime: PathBuf,
+    /// The platform gVisor's kernel runs on: `ptrace` works on any host;
+    /// `kvm` needs hardware virtualization (where /dev/kvm is a software
+    /// hypervisor it spins, and the tier's probe says so).
+    #[arg(long, default_value = "ptrace", value_name = "PLATFORM")]
+    gvisor_platform: String,
+    /// The oci tier's runtime (a name is looked up in PATH).
+    #[arg(long, default_value = "runc", value_name = "BINARY")]
+    oci_runtime: PathBuf,
     /// Host directory under which API clients may bind-mount paths
     /// (repeatable). None by default.
     #[arg(long = "allow-mount", value_name = "DIR")]
@@ -293,6 +305,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tag = instance_tag(&data_dir)?;
     let mut backend = ProcessBackend::new(exe.clone(), tag.clone());
     backend.probe()?;
+    let mut gvisor = ProcessBackend::oci(
+        exe.clone(),
+        tag.clone(),
+        airlock_oci::Runtime::gvisor(in_path(&args.gvisor_runtime), args.gvisor_platform.clone()),
+    );
+    let mut oci = ProcessBackend::oci(
+        exe.clone(),
+        tag.clone(),
+        airlock_oci::Runtime::runc(in_path(&args.oci_runtime)),
+    );
     let mut config = Config::new(data_dir.clone());
     if args.writable_layers == WritableLayers::Disk {
         let disk = airlock_jail::disk::DiskStore::open(&data_dir, args.disk_store_size)
@@ -301,6 +323,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 "cannot set up the disk store for sandboxes' writable layers (install btrfs-progs, or serve with --writable-layers memory)",
             )?;
         config.disk_store = Some(disk.root().to_owned());
+        gvisor = gvisor.with_disk(disk.clone());
+        oci = oci.with_disk(disk.clone());
         backend = backend.with_disk(disk);
     }
     config.admission = AdmissionLimits {
@@ -370,7 +394,18 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let daemon = Daemon::new(config, Arc::new(Mutex::new(store)), Arc::new(backend))?;
+        let candidates: Vec<Arc<dyn Backend>> =
+            vec![Arc::new(backend), Arc::new(oci), Arc::new(gvisor)];
+        let tiers = airlock_daemon::tiers::Tiers::probe(candidates);
+        for status in tiers.statuses() {
+            match &status.reason {
+                None => tracing::info!(tier = status.tier.as_str(), "tier available"),
+                Some(reason) => {
+                    tracing::info!(tier = status.tier.as_str(), "tier unavailable: {reason}")
+                }
+            }
+        }
+        let daemon = Daemon::with_tiers(config, Arc::new(Mutex::new(store)), tiers)?;
         let report = daemon.reconcile().await;
         tracing::info!(
             adopted = report.adopted.len(),
@@ -562,4 +597,19 @@ fn release_freed_memory() {
 pub enum WritableLayers {
     Disk,
     Memory,
+}
+
+/// `binary` itself if it names a path, else the first file of that name in
+/// PATH (or the name as given, for the tier's probe to report).
+pub fn in_path(binary: &Path) -> PathBuf {
+    if binary.components().count() > 1 {
+        return binary.to_owned();
+    }
+    std::env::var_os("PATH")
+        .and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(binary))
+                .find(|candidate| candidate.is_file())
+        })
+        .unwrap_or_else(|| binary.to_owned())
 }

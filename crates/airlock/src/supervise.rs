@@ -29,9 +29,9 @@
 //! [`EXIT_SANDBOX_DIED`] its agent died otherwise,
 //! [`EXIT_SANDBOX_EXPIRED`] its deadline passed.
 
+use crate::sandbox::{Prepared, Sandbox};
 use airlock_backend::process::deadline;
 use airlock_jail::runtime::RuntimeDir;
-use airlock_jail::Jail;
 use airlock_policy::SandboxSpec;
 use airlock_protocol::{read_frame_bytes, FrameError};
 use clap::Args;
@@ -126,6 +126,16 @@ pub struct SuperviseArgs {
     /// layer on disk is made.
     #[arg(long)]
     disk: Option<PathBuf>,
+    /// The tier of the sandbox: `process` launches it here, `gvisor` and
+    /// `oci` run its bundle with `--runtime`.
+    #[arg(long, default_value = "process")]
+    tier: String,
+    /// The OCI runtime's binary (runsc, runc), for the gvisor and oci tiers.
+    #[arg(long)]
+    runtime: Option<PathBuf>,
+    /// gVisor's platform (ptrace, kvm).
+    #[arg(long, default_value = "ptrace")]
+    platform: String,
 }
 
 fn answer(value: serde_json::Value) {
@@ -146,9 +156,14 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     // Everything that does not need the spec first: a supervisor may be
     // started ahead of need and wait here for its spec.
     let runtime_dir = RuntimeDir::system();
-    let prepared = match Jail::prepare(&runtime_dir) {
+    let prepared = match Prepared::of_tier(
+        &args.tier,
+        args.runtime.clone(),
+        &args.platform,
+        &runtime_dir,
+    ) {
         Ok(prepared) => prepared,
-        Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
+        Err((message, bad_input)) => return fail(message, bad_input),
     };
     // A sandbox with network shares a namespace prepared here while this
     // process is still single-threaded; the daemon serves its egress. (A
@@ -188,15 +203,10 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         }
     };
     let disk = args.disk.as_ref().map(airlock_jail::disk::DiskStore::at);
-    let mut jail = match Jail::launch_prepared(
-        prepared,
-        &spec,
-        &runtime_dir,
-        args.id.clone(),
-        disk.as_ref(),
-    ) {
-        Ok(jail) => jail,
-        Err(e) => return fail(crate::run::error_chain(&e), e.is_bad_input()),
+    let launched = prepared.launch(&spec, &runtime_dir, args.id.clone(), disk.as_ref());
+    let mut jail = match launched {
+        Ok(sandbox) => sandbox,
+        Err((message, bad_input)) => return fail(message, bad_input),
     };
     if let Some(pending) = network_setup {
         if let Err(e) = pending.wait() {
@@ -236,14 +246,14 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     let deadline = Deadline::new(deadline::deadline_file(&args.socket), first_deadline);
     let served = runtime.block_on(relay(listener, channel, &jail, deadline));
     // Read the OOM count before teardown removes the cgroup.
-    let oom = jail.stats().oom_kills > 0;
-    let torn_down = jail.teardown();
+    let oom = jail.oom();
+    let torn_down = jail.teardown().is_ok();
     runtime.shutdown_background();
     let code = match (served, torn_down) {
-        (Ok(RelayEnd::Asked), Ok(())) => 0,
-        (Ok(RelayEnd::AgentGone), Ok(())) if oom => EXIT_SANDBOX_OOM,
-        (Ok(RelayEnd::AgentGone), Ok(())) => EXIT_SANDBOX_DIED,
-        (Ok(RelayEnd::Expired), Ok(())) => EXIT_SANDBOX_EXPIRED,
+        (Ok(RelayEnd::Asked), true) => 0,
+        (Ok(RelayEnd::AgentGone), true) if oom => EXIT_SANDBOX_OOM,
+        (Ok(RelayEnd::AgentGone), true) => EXIT_SANDBOX_DIED,
+        (Ok(RelayEnd::Expired), true) => EXIT_SANDBOX_EXPIRED,
         _ => crate::EXIT_INTERNAL,
     };
     // Word for a daemon that is not our parent, before the socket goes
@@ -292,7 +302,7 @@ fn redirect_stdio_to_null() {
 async fn relay(
     listener: std::os::unix::net::UnixListener,
     channel: std::os::unix::net::UnixStream,
-    jail: &Jail,
+    jail: &Sandbox,
     mut deadline: Deadline,
 ) -> std::io::Result<RelayEnd> {
     use tokio::signal::unix::{signal, SignalKind};

@@ -8,8 +8,11 @@
 //!
 //! Each backend says whether it can run here with [`Backend::probe`], and
 //! why not when it cannot (as cloud-hypervisor's hypervisor probes do).
-//! Today there is one backend, [`process::ProcessBackend`]; the `oci`,
-//! `gvisor` and `microvm` tiers plug in beside it.
+//! The tiers of this host's kernel and of gVisor's (`process`, `oci`,
+//! `gvisor`) are one backend, [`process::ProcessBackend`], with a
+//! supervisor per sandbox that launches it one way or another
+//! ([`process::Runner`]); the `microvm` and Kubernetes tiers plug in beside
+//! it.
 
 pub mod process;
 
@@ -27,19 +30,30 @@ use std::pin::Pin;
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Resources {
     /// A process-tier sandbox owned by an `airlock supervise` process.
-    Process {
-        /// The supervisor's pid; `None` until it has started.
-        supervisor_pid: Option<u32>,
-        /// The unix socket the supervisor serves the agent channel on.
-        socket: String,
-    },
+    Process(Supervised),
+    /// An oci-tier sandbox (runc) owned by an `airlock supervise` process.
+    Oci(Supervised),
+    /// A gvisor-tier sandbox (runsc) owned by an `airlock supervise` process.
+    Gvisor(Supervised),
+}
+
+/// What the tiers whose sandboxes have a supervisor each record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Supervised {
+    /// The supervisor's pid; `None` until it has started.
+    pub supervisor_pid: Option<u32>,
+    /// The unix socket the supervisor serves the agent channel on.
+    pub socket: String,
 }
 
 impl Resources {
     /// The tier whose records these are.
     pub fn tier(&self) -> Tier {
         match self {
-            Resources::Process { .. } => Tier::Process,
+            Resources::Process(_) => Tier::Process,
+            Resources::Oci(_) => Tier::Oci,
+            Resources::Gvisor(_) => Tier::Gvisor,
         }
     }
 }
@@ -304,4 +318,28 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn records_keep_their_wire_form_and_name_their_tier() {
+        // What a daemon of before the OCI tiers wrote reads back the same.
+        let old = r#"{"kind":"process","supervisor_pid":7,"socket":"/run/x.sock"}"#;
+        let resources: Resources = serde_json::from_str(old).unwrap();
+        assert_eq!(resources.tier(), Tier::Process);
+        assert_eq!(serde_json::to_string(&resources).unwrap(), old);
+        for (kind, tier) in [("gvisor", Tier::Gvisor), ("oci", Tier::Oci)] {
+            let text = format!(r#"{{"kind":"{kind}","supervisor_pid":null,"socket":"/s"}}"#);
+            let resources: Resources = serde_json::from_str(&text).unwrap();
+            assert_eq!(resources.tier(), tier);
+        }
+        assert!(serde_json::from_str::<Resources>(
+            r#"{"kind":"gvisor","supervisor_pid":1,"socket":"/s","extra":1}"#
+        )
+        .is_err());
+    }
 }

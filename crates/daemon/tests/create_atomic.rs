@@ -114,10 +114,10 @@ impl Backend for LockingTier {
         self.ends.lock().unwrap().push((id.to_owned(), tell));
         Ok(Instance {
             agent,
-            resources: Resources::Process {
+            resources: Resources::Process(airlock_backend::Supervised {
                 supervisor_pid: None,
                 socket: format!("/nonexistent/{id}.sock"),
-            },
+            }),
             ended: Box::pin(async move {
                 let ending = ended.wait_for(Option::is_some).await.ok().and_then(|e| *e);
                 ending.unwrap_or(Ending::Unknown)

@@ -69,6 +69,35 @@ pub enum LaunchError {
     AgentMissing(PathBuf, #[source] io::Error),
 }
 
+/// What every tier checks before it starts anything for `spec` as `id`:
+/// the id's form, the spec's own rules, and that its template and mount
+/// sources exist (and that overlayfs can take the template's path).
+pub fn check_launchable(id: &str, spec: &SandboxSpec) -> Result<(), LaunchError> {
+    if !is_sandbox_id(id) {
+        return Err(LaunchError::BadId(id.to_owned()));
+    }
+    spec.validate()?;
+    if let Template::Dir { path } = &spec.template {
+        if !path.is_dir() {
+            return Err(LaunchError::TemplateMissing(path.clone()));
+        }
+        if path.to_string_lossy().contains([',', ':', '\\']) {
+            return Err(LaunchError::TemplatePathUnsupported(path.clone()));
+        }
+    }
+    if let Template::Layers { layers } = &spec.template {
+        if let Some(missing) = layers.iter().find(|p| !p.is_dir()) {
+            return Err(LaunchError::TemplateMissing(missing.clone()));
+        }
+    }
+    for mount in &spec.mounts {
+        if mount.source.symlink_metadata().is_err() {
+            return Err(LaunchError::MountSourceMissing(mount.source.clone()));
+        }
+    }
+    Ok(())
+}
+
 /// Where the in-sandbox agent binary is: `AIRLOCK_AGENT` if set, else
 /// `airlock-agent` beside the running binary. Every tier runs this one
 /// binary as its sandboxes' init.
@@ -205,28 +234,7 @@ impl Jail {
         id: String,
         disk: Option<&DiskStore>,
     ) -> Result<Jail, LaunchError> {
-        if !is_sandbox_id(&id) {
-            return Err(LaunchError::BadId(id));
-        }
-        spec.validate()?;
-        if let Template::Dir { path } = &spec.template {
-            if !path.is_dir() {
-                return Err(LaunchError::TemplateMissing(path.clone()));
-            }
-            if path.to_string_lossy().contains([',', ':', '\\']) {
-                return Err(LaunchError::TemplatePathUnsupported(path.clone()));
-            }
-        }
-        if let Template::Layers { layers } = &spec.template {
-            if let Some(missing) = layers.iter().find(|p| !p.is_dir()) {
-                return Err(LaunchError::TemplateMissing(missing.clone()));
-            }
-        }
-        for mount in &spec.mounts {
-            if mount.source.symlink_metadata().is_err() {
-                return Err(LaunchError::MountSourceMissing(mount.source.clone()));
-            }
-        }
+        check_launchable(&id, spec)?;
         if !single_threaded() {
             return Err(LaunchError::NotSingleThreaded);
         }
@@ -522,47 +530,9 @@ const LAYERS_PER_MESSAGE: usize = 64;
 /// per sandbox), read-only, nosuid and nodev; and sends them, bottom first,
 /// to the init, which attaches them under its stage and stacks them.
 fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(), LaunchError> {
-    use rustix::mount::{open_tree, OpenTreeFlags};
     let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
         .map_err(|e| LaunchError::Io("open the sandbox's user namespace", e))?;
-    let mut mounts = Vec::with_capacity(layers.len());
-    for layer in layers {
-        let tree = open_tree(
-            rustix::fs::CWD,
-            layer.as_path(),
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-        )
-        .map_err(|e| LaunchError::Io("clone a template layer's mount", e.into()))?;
-        let attr = libc::mount_attr {
-            attr_set: libc::MOUNT_ATTR_IDMAP
-                | libc::MOUNT_ATTR_RDONLY
-                | libc::MOUNT_ATTR_NOSUID
-                | libc::MOUNT_ATTR_NODEV,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: userns.as_raw_fd() as u64,
-        };
-        // SAFETY: mount_setattr reads `attr` (a live, initialized struct of
-        // the size passed) and acts on the detached mount `tree`, which we
-        // own; the empty path with AT_EMPTY_PATH names `tree` itself.
-        let set = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                tree.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                &attr as *const libc::mount_attr,
-                std::mem::size_of::<libc::mount_attr>(),
-            )
-        };
-        if set != 0 {
-            return Err(LaunchError::Io(
-                "idmap a template layer (needs a kernel with idmapped mounts, 5.12+, on the store's file system)",
-                io::Error::last_os_error(),
-            ));
-        }
-        mounts.push(tree);
-    }
+    let mounts = clone_layers(layers, Some(&userns))?;
     for chunk in mounts.chunks(LAYERS_PER_MESSAGE) {
         let fds: Vec<rustix::fd::BorrowedFd<'_>> =
             chunk.iter().map(rustix::fd::AsFd::as_fd).collect();
@@ -586,6 +556,61 @@ fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(),
         .map_err(|e| LaunchError::Io("send the template layers", e.into()))?;
     }
     Ok(())
+}
+
+/// Clones each layer directory as a detached mount, read-only, nosuid and
+/// nodev, bottom first; idmapped through `userns` when one is given (the
+/// process tier's private uid range), as they are otherwise (a tier whose
+/// own kernel keeps owners as the image gives them).
+pub fn clone_layers(
+    layers: &[PathBuf],
+    userns: Option<&fs::File>,
+) -> Result<Vec<OwnedFd>, LaunchError> {
+    use rustix::mount::{open_tree, OpenTreeFlags};
+    let idmap = if userns.is_some() {
+        libc::MOUNT_ATTR_IDMAP
+    } else {
+        0
+    };
+    let mut mounts = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let tree = open_tree(
+            rustix::fs::CWD,
+            layer.as_path(),
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(|e| LaunchError::Io("clone a template layer's mount", e.into()))?;
+        let attr = libc::mount_attr {
+            attr_set: idmap
+                | libc::MOUNT_ATTR_RDONLY
+                | libc::MOUNT_ATTR_NOSUID
+                | libc::MOUNT_ATTR_NODEV,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: userns.map_or(0, |ns| ns.as_raw_fd() as u64),
+        };
+        // SAFETY: mount_setattr reads `attr` (a live, initialized struct of
+        // the size passed) and acts on the detached mount `tree`, which we
+        // own; the empty path with AT_EMPTY_PATH names `tree` itself.
+        let set = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                &attr as *const libc::mount_attr,
+                std::mem::size_of::<libc::mount_attr>(),
+            )
+        };
+        if set != 0 {
+            return Err(LaunchError::Io(
+                "idmap a template layer (needs a kernel with idmapped mounts, 5.12+, on the store's file system)",
+                io::Error::last_os_error(),
+            ));
+        }
+        mounts.push(tree);
+    }
+    Ok(mounts)
 }
 
 /// The init's side of [`send_layers`]: `count` mounts, bottom first.
@@ -645,7 +670,9 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
         .map_err(|e| LaunchError::Io("create a pipe", e.into()))
 }
 
-fn single_threaded() -> bool {
+/// Whether this process has one thread (what a launch that forks or
+/// unshares needs).
+pub fn single_threaded() -> bool {
     fs::read_to_string("/proc/self/status")
         .map(|s| {
             s.lines()
@@ -715,6 +742,127 @@ impl HostFacts {
             .map(|t| t.to_string_lossy().into_owned());
         facts
     }
+}
+
+/// Mounts a sandbox's root on `stage`, in the caller's own mount namespace
+/// (the process tier's init; the supervisor of a tier whose runtime is
+/// handed a root directory), and returns the path of the root: the
+/// writable layer (`upper`, a directory of the disk store bound there, or a
+/// tmpfs of `disk_bytes`), then either the overlay of `layers` (detached
+/// mounts from [`clone_layers`], bottom first) or of the `template`
+/// directory under it, or the bare layer (the `host` template, whose plan
+/// binds the host's system directories into it). Paths may be
+/// `/proc/self/fd` links.
+pub fn assemble_root(
+    stage: &str,
+    upper: Option<&str>,
+    template: Option<&str>,
+    layers: Vec<OwnedFd>,
+    disk_bytes: u64,
+) -> Result<String, String> {
+    match upper {
+        None => step(
+            "mount the writable layer",
+            raw_mount(
+                Some("airlock"),
+                stage,
+                Some("tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(&format!("size={disk_bytes},mode=0755")),
+            ),
+        )?,
+        Some(source) => {
+            step(
+                "bind the writable layer",
+                raw_mount(Some(source), stage, None, libc::MS_BIND, None),
+            )?;
+            step(
+                "harden the writable layer",
+                raw_mount(
+                    None,
+                    stage,
+                    None,
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
+                    None,
+                ),
+            )?;
+        }
+    }
+    let new_root = match template {
+        None if !layers.is_empty() => {
+            for dir in ["upper", "work", "root", "lower"] {
+                step(
+                    "create the overlay dirs",
+                    fs::create_dir(format!("{stage}/{dir}")),
+                )?;
+            }
+            let mut lowers = Vec::with_capacity(layers.len());
+            for (position, layer) in layers.iter().enumerate() {
+                let at = format!("{stage}/lower/{position}");
+                step("create a layer's mount point", fs::create_dir(&at))?;
+                step(
+                    "attach a template layer",
+                    rustix::mount::move_mount(
+                        layer,
+                        "",
+                        rustix::fs::CWD,
+                        at.as_str(),
+                        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                    ),
+                )?;
+                lowers.push(at);
+            }
+            drop(layers);
+            // overlayfs lists the top layer first.
+            lowers.reverse();
+            // `volatile`: the writable layer is the sandbox's scratch, gone
+            // with it (and after a host crash, when no sandbox survives);
+            // overlayfs skips the fsync of every copy-up, which on a disk
+            // upper cost each create several ms.
+            let options = format!(
+                "lowerdir={},upperdir={stage}/upper,workdir={stage}/work,userxattr,volatile",
+                lowers.join(":")
+            );
+            let root = format!("{stage}/root");
+            step(
+                "mount the template's layers",
+                raw_mount(
+                    Some("overlay"),
+                    &root,
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                ),
+            )?;
+            root
+        }
+        None => stage.to_owned(),
+        Some(template) => {
+            for dir in ["upper", "work", "root"] {
+                step(
+                    "create the overlay dirs",
+                    fs::create_dir(format!("{stage}/{dir}")),
+                )?;
+            }
+            let lower = template;
+            let options = format!(
+                "lowerdir={lower},upperdir={stage}/upper,workdir={stage}/work,userxattr,volatile"
+            );
+            let root = format!("{stage}/root");
+            step(
+                "mount the template overlay",
+                raw_mount(
+                    Some("overlay"),
+                    &root,
+                    Some("overlay"),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    Some(&options),
+                ),
+            )?;
+            root
+        }
+    };
+    Ok(new_root)
 }
 
 /// The sandbox init between clone and exec. Never returns.
@@ -789,113 +937,29 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None),
     )?;
     let stage = context.stage.to_string_lossy().into_owned();
-    match context.upper {
-        None => step(
-            "mount the writable layer",
-            raw_mount(
-                Some("airlock"),
-                &stage,
-                Some("tmpfs"),
-                libc::MS_NOSUID | libc::MS_NODEV,
-                Some(&format!("size={},mode=0755", context.disk_bytes)),
-            ),
-        )?,
-        Some(upper) => {
-            let source = sources
+    let upper = match context.upper {
+        Some(upper) => Some(
+            sources
                 .link(upper)
-                .ok_or("the writable layer was not opened")?;
-            step(
-                "bind the writable layer",
-                raw_mount(Some(&source), &stage, None, libc::MS_BIND, None),
-            )?;
-            step(
-                "harden the writable layer",
-                raw_mount(
-                    None,
-                    &stage,
-                    None,
-                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV,
-                    None,
-                ),
-            )?;
-        }
-    }
-    let new_root = match context.template_dir {
-        None if !layers.is_empty() => {
-            for dir in ["upper", "work", "root", "lower"] {
-                step(
-                    "create the overlay dirs",
-                    fs::create_dir(format!("{stage}/{dir}")),
-                )?;
-            }
-            let mut lowers = Vec::with_capacity(layers.len());
-            for (position, layer) in layers.iter().enumerate() {
-                let at = format!("{stage}/lower/{position}");
-                step("create a layer's mount point", fs::create_dir(&at))?;
-                step(
-                    "attach a template layer",
-                    rustix::mount::move_mount(
-                        layer,
-                        "",
-                        rustix::fs::CWD,
-                        at.as_str(),
-                        rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-                    ),
-                )?;
-                lowers.push(at);
-            }
-            drop(layers);
-            // overlayfs lists the top layer first.
-            lowers.reverse();
-            // `volatile`: the writable layer is the sandbox's scratch, gone
-            // with it (and after a host crash, when no sandbox survives);
-            // overlayfs skips the fsync of every copy-up, which on a disk
-            // upper cost each create several ms.
-            let options = format!(
-                "lowerdir={},upperdir={stage}/upper,workdir={stage}/work,userxattr,volatile",
-                lowers.join(":")
-            );
-            let root = format!("{stage}/root");
-            step(
-                "mount the template's layers",
-                raw_mount(
-                    Some("overlay"),
-                    &root,
-                    Some("overlay"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(&options),
-                ),
-            )?;
-            root
-        }
-        None => stage.clone(),
-        Some(template) => {
-            for dir in ["upper", "work", "root"] {
-                step(
-                    "create the overlay dirs",
-                    fs::create_dir(format!("{stage}/{dir}")),
-                )?;
-            }
-            let lower = sources
-                .link(template)
-                .ok_or("the template directory was not opened")?;
-            let options = format!(
-                "lowerdir={lower},upperdir={stage}/upper,workdir={stage}/work,userxattr,volatile"
-            );
-            let root = format!("{stage}/root");
-            step(
-                "mount the template overlay",
-                raw_mount(
-                    Some("overlay"),
-                    &root,
-                    Some("overlay"),
-                    libc::MS_NOSUID | libc::MS_NODEV,
-                    Some(&options),
-                ),
-            )?;
-            root
-        }
+                .ok_or("the writable layer was not opened")?,
+        ),
+        None => None,
     };
+    let template = match context.template_dir {
+        Some(template) => Some(
+            sources
+                .link(template)
+                .ok_or("the template directory was not opened")?,
+        ),
+        None => None,
+    };
+    let new_root = assemble_root(
+        &stage,
+        upper.as_deref(),
+        template.as_deref(),
+        layers,
+        context.disk_bytes,
+    )?;
     let mut root = step(
         "open the new root",
         RootDir::open(Path::new(&new_root), sources),

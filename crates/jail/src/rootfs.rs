@@ -429,6 +429,33 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
     RootfsPlan { ops, writable }
 }
 
+/// [`plan`] for a sandbox whose kernel is not the host's (gVisor's, a VM's):
+/// the same root, without the kernel's own file systems (`/proc` and
+/// `/dev`, their masks and devices), which that kernel mounts itself from
+/// the bundle. Their mount points stay.
+pub fn guest_plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan {
+    let mut plan = plan(spec, facts, hostname);
+    let kernels = |path: &str| {
+        ["proc", "dev"].iter().any(|top| {
+            path.strip_prefix(top)
+                .is_some_and(|rest| rest.starts_with('/'))
+        })
+    };
+    plan.ops.retain(|op| match op {
+        SetupOp::Proc { .. } | SetupOp::Devpts { .. } => false,
+        SetupOp::Mkdir { path, .. } => !kernels(path),
+        SetupOp::Tmpfs { path, .. }
+        | SetupOp::BindHost { path, .. }
+        | SetupOp::Symlink { path, .. }
+        | SetupOp::MaskFile { path }
+        | SetupOp::ReadOnly { path }
+        | SetupOp::SealMount { path }
+        | SetupOp::SealTree { path } => path != "dev" && path != "proc" && !kernels(path),
+        SetupOp::WriteFile { .. } | SetupOp::EnsureEntry { .. } => true,
+    });
+    plan
+}
+
 /// The generated `/etc` of the `host` template: identities and names only.
 fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -829,5 +856,39 @@ mod tests {
         position(&rec.calls, "bind /srv/out mnt/out ro=false");
         assert!(plan.writable.contains(&"/mnt/out".to_string()));
         assert!(!plan.writable.contains(&"/mnt/in".to_string()));
+    }
+    #[test]
+    fn a_guest_kernel_gets_the_root_without_proc_and_dev() {
+        let spec = SandboxSpec::default();
+        let guest = guest_plan(&spec, &HostFacts::default(), "sbx-1");
+        let own = plan(&spec, &HostFacts::default(), "sbx-1");
+        assert!(own.ops.iter().any(|op| matches!(op, SetupOp::Proc { .. })));
+        for op in &guest.ops {
+            let path = match op {
+                SetupOp::Mkdir { path, .. }
+                | SetupOp::Tmpfs { path, .. }
+                | SetupOp::BindHost { path, .. }
+                | SetupOp::Symlink { path, .. }
+                | SetupOp::MaskFile { path }
+                | SetupOp::ReadOnly { path }
+                | SetupOp::SealMount { path }
+                | SetupOp::SealTree { path }
+                | SetupOp::WriteFile { path, .. }
+                | SetupOp::EnsureEntry { path, .. } => path.as_str(),
+                SetupOp::Proc { .. } | SetupOp::Devpts { .. } => panic!("{op:?} in a guest plan"),
+            };
+            assert!(
+                !path.starts_with("proc/") && !path.starts_with("dev/"),
+                "{op:?}"
+            );
+            if path == "proc" || path == "dev" {
+                assert!(matches!(op, SetupOp::Mkdir { .. }), "{op:?}");
+            }
+        }
+        // Everything else is the same plan.
+        assert!(guest.ops.iter().all(|op| own.ops.contains(op)));
+        assert!(guest
+            .ops
+            .contains(&mkdir("mnt/user-data/workspace", 0o755, USER_ID)));
     }
 }

@@ -102,6 +102,12 @@ impl RuntimeDir {
         self.root.join("slots")
     }
 
+    /// Where the supervisors of the OCI tiers keep each sandbox's bundle
+    /// and runtime state (`<id>/`), removed by its teardown.
+    pub fn containers(&self) -> PathBuf {
+        self.root.join("containers")
+    }
+
     /// Where supervisors serve their sandboxes' agent channels
     /// (`<id>.sock`, mode 0600).
     pub fn sockets(&self) -> PathBuf {

@@ -101,6 +101,12 @@ pub const MAX_LAYERS: usize = 128;
 pub enum Tier {
     /// Namespaces, seccomp, landlock, cgroups and rlimits around a process tree.
     Process,
+    /// A standard OCI runtime (`runc`) running the sandbox's bundle: the
+    /// host's kernel, confined by the runtime's namespaces and cgroups.
+    Oci,
+    /// gVisor (`runsc`) running the same bundle: a kernel of its own, in
+    /// user space, between the sandbox and the host's.
+    Gvisor,
 }
 
 impl Tier {
@@ -108,6 +114,8 @@ impl Tier {
     pub fn as_str(self) -> &'static str {
         match self {
             Tier::Process => "process",
+            Tier::Gvisor => "gvisor",
+            Tier::Oci => "oci",
         }
     }
 }

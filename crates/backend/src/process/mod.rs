@@ -1,5 +1,9 @@
-//! The `process` tier: namespaces, seccomp, Landlock and cgroups around a
-//! process tree on this kernel (`airlock-jail`), one supervisor per sandbox.
+//! The tiers whose sandboxes each have a supervisor process on this host:
+//! `process` (namespaces, seccomp, Landlock and cgroups around a process
+//! tree on this kernel, `airlock-jail`), and `oci` and `gvisor`, whose
+//! supervisor runs the sandbox's OCI bundle with runc or runsc
+//! (`airlock-oci`). Everything below is the same for the three but what
+//! the supervisor is told to launch ([`Runner`]).
 //!
 //! Launching needs a single-threaded process (the child runs Rust between
 //! clone and exec), and the daemon is multi-threaded, so each sandbox gets
@@ -19,7 +23,7 @@ pub mod deadline;
 
 use crate::{
     AdoptError, Backend, CreateError, DeadlineError, DestroyError, EgressPoint, Ended, Ending,
-    ExportError, Instance, Reconciled, Resources, Unavailable, Usage,
+    ExportError, Instance, Reconciled, Resources, Supervised, Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::disk::DiskStore;
@@ -51,8 +55,20 @@ struct Supervisor {
     ended: watch::Receiver<Option<Ending>>,
 }
 
-/// The process tier.
+/// What this backend's supervisors launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runner {
+    /// The sandbox itself, with `airlock-jail`: the `process` tier.
+    Jail,
+    /// The sandbox's OCI bundle, with an OCI runtime: the `oci` (runc) and
+    /// `gvisor` (runsc) tiers.
+    Oci(airlock_oci::Runtime),
+}
+
+/// The supervised tiers (one backend per tier).
 pub struct ProcessBackend {
+    /// What the supervisors launch, and so the tier.
+    runner: Runner,
     /// The `airlock` binary that has the `supervise` command.
     exe: PathBuf,
     /// Tag of this daemon (hex), on every supervisor's command line and in
@@ -75,6 +91,7 @@ impl ProcessBackend {
     /// runtime state under the system runtime directory.
     pub fn new(exe: PathBuf, owner: String) -> ProcessBackend {
         ProcessBackend {
+            runner: Runner::Jail,
             exe,
             owner,
             runtime: RuntimeDir::system(),
@@ -84,6 +101,34 @@ impl ProcessBackend {
             reserved: Mutex::new(HashMap::new()),
             disk: None,
         }
+    }
+
+    /// A backend of the tier `runtime` serves (`oci` for runc, `gvisor` for
+    /// runsc), otherwise as [`ProcessBackend::new`].
+    pub fn oci(exe: PathBuf, owner: String, runtime: airlock_oci::Runtime) -> ProcessBackend {
+        ProcessBackend {
+            runner: Runner::Oci(runtime),
+            ..ProcessBackend::new(exe, owner)
+        }
+    }
+
+    /// What a record of this tier holds.
+    fn resources(&self, supervised: Supervised) -> Resources {
+        match &self.runner {
+            Runner::Jail => Resources::Process(supervised),
+            Runner::Oci(runtime) => match runtime.kind {
+                airlock_oci::Kind::Gvisor => Resources::Gvisor(supervised),
+                airlock_oci::Kind::Runc => Resources::Oci(supervised),
+            },
+        }
+    }
+
+    /// The record of `resources` if it is this tier's.
+    fn supervised<'r>(&self, resources: &'r Resources) -> Option<&'r Supervised> {
+        let (Resources::Process(supervised)
+        | Resources::Oci(supervised)
+        | Resources::Gvisor(supervised)) = resources;
+        (resources.tier() == self.tier()).then_some(supervised)
     }
 
     /// Makes writable layers on disk in `disk` (the supervisors are told
@@ -102,6 +147,7 @@ impl ProcessBackend {
             Arc::clone(&self.spares),
         );
         let disk = self.disk.as_ref().map(|d| d.root().to_owned());
+        let runner = self.runner.clone();
         let id = airlock_jail::launch::new_sandbox_id();
         let socket = self.socket_of(&id);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -113,7 +159,8 @@ impl ProcessBackend {
             if lock(&spares).slot(kind).is_some() {
                 return;
             }
-            let Ok(child) = spawn_supervisor(&exe, &owner, &id, &socket, kind, disk.as_deref())
+            let Ok(child) =
+                spawn_supervisor(&exe, &owner, &runner, &id, &socket, kind, disk.as_deref())
             else {
                 return;
             };
@@ -143,18 +190,32 @@ impl ProcessBackend {
         self.runtime.sockets().join(&self.owner)
     }
 
+    /// The sandbox ids with a bundle directory (OCI tiers).
+    fn container_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(self.runtime.containers())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .filter(|name| airlock_jail::launch::is_sandbox_id(name))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn socket_of(&self, id: &str) -> PathBuf {
         self.sockets().join(format!("{id}.sock"))
     }
 
-    /// Whether `pid` is a supervisor of this daemon.
+    /// Whether `pid` is a supervisor of this daemon and this tier (one
+    /// started without `--tier` is of the process tier).
     fn is_ours(&self, pid: u32) -> bool {
         std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let value = |flag: &[u8]| args.windows(2).find(|w| w[0] == flag).map(|w| w[1]);
             args.contains(&b"supervise".as_slice())
-                && args
-                    .windows(2)
-                    .any(|w| w[0] == b"--owner" && w[1] == self.owner.as_bytes())
+                && value(b"--owner") == Some(self.owner.as_bytes())
+                && value(b"--tier").unwrap_or(b"process") == self.tier().as_str().as_bytes()
         })
     }
 
@@ -238,6 +299,13 @@ impl ProcessBackend {
         if let Some(disk) = &self.disk {
             if disk.remove(id).is_err() {
                 left.push("its writable layer");
+            }
+        }
+        if matches!(self.runner, Runner::Oci(_)) {
+            match std::fs::remove_dir_all(airlock_oci::container::dir_of(&self.runtime, id)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(_) => left.push("its bundle directory"),
             }
         }
         for file in deadline::files_of(&self.socket_of(id)) {
@@ -362,6 +430,7 @@ fn lock(spares: &Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
 fn spawn_supervisor(
     exe: &Path,
     owner: &str,
+    runner: &Runner,
     id: &str,
     socket: &Path,
     kind: SpareKind,
@@ -372,6 +441,16 @@ fn spawn_supervisor(
         command.arg("supervise").arg("--network");
     } else {
         command.arg("supervise");
+    }
+    if let Runner::Oci(runtime) = runner {
+        command
+            .arg("--tier")
+            .arg(runtime.tier_name())
+            .arg("--runtime")
+            .arg(&runtime.binary);
+        if runtime.kind == airlock_oci::Kind::Gvisor {
+            command.arg("--platform").arg(&runtime.platform);
+        }
     }
     if let Some(disk) = disk {
         command.arg("--disk").arg(disk);
@@ -511,12 +590,19 @@ fn signal(pidfd: &OwnedFd, signal: Signal) {
 #[async_trait::async_trait]
 impl Backend for ProcessBackend {
     fn tier(&self) -> Tier {
-        Tier::Process
+        match &self.runner {
+            Runner::Jail => Tier::Process,
+            Runner::Oci(runtime) => match runtime.kind {
+                airlock_oci::Kind::Gvisor => Tier::Gvisor,
+                airlock_oci::Kind::Runc => Tier::Oci,
+            },
+        }
     }
 
     fn probe(&self) -> Result<(), Unavailable> {
+        let tier = self.tier().as_str();
         let unavailable = |reason: &str| Unavailable {
-            tier: "process",
+            tier,
             reason: reason.to_owned(),
         };
         if !rustix::process::geteuid().is_root() {
@@ -533,6 +619,21 @@ impl Backend for ProcessBackend {
             return Err(unavailable(
                 "the airlock binary to supervise sandboxes is missing",
             ));
+        }
+        let agent = airlock_jail::launch::agent_binary();
+        if !agent.is_file() {
+            return Err(unavailable(&format!(
+                "the agent binary {} is missing; build it beside airlock (cargo build --bins) or name it in AIRLOCK_AGENT",
+                agent.display()
+            )));
+        }
+        if let Runner::Oci(runtime) = &self.runner {
+            let scratch = self.runtime.containers();
+            std::fs::create_dir_all(&scratch)
+                .map_err(|e| unavailable(&format!("cannot make {}: {e}", scratch.display())))?;
+            runtime
+                .probe(&agent, &scratch)
+                .map_err(|reason| unavailable(&reason))?;
         }
         Ok(())
     }
@@ -601,9 +702,10 @@ impl Backend for ProcessBackend {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        let (exe, owner, owned_id, owned_socket) = (
+        let (exe, owner, runner, owned_id, owned_socket) = (
             self.exe.clone(),
             self.owner.clone(),
+            self.runner.clone(),
             id.to_owned(),
             socket.clone(),
         );
@@ -616,6 +718,7 @@ impl Backend for ProcessBackend {
                 spawn_supervisor(
                     &exe,
                     &owner,
+                    &runner,
                     &owned_id,
                     &owned_socket,
                     SpareKind::Plain,
@@ -638,10 +741,10 @@ impl Backend for ProcessBackend {
         let ended = self
             .watch(id, pidfd)
             .map_err(|e| CreateError::Failed(format!("cannot watch the supervisor: {e}")))?;
-        let resources = Resources::Process {
+        let resources = self.resources(Supervised {
             supervisor_pid: Some(pid),
             socket: socket.display().to_string(),
-        };
+        });
         match connect(&socket).await {
             Ok(agent) => Ok(Instance {
                 agent,
@@ -657,10 +760,10 @@ impl Backend for ProcessBackend {
     }
 
     async fn adopt(&self, id: &str, resources: &Resources) -> Result<Instance, AdoptError> {
-        let Resources::Process {
+        let Supervised {
             supervisor_pid,
             socket,
-        } = resources;
+        } = self.supervised(resources).ok_or(AdoptError::WrongTier)?;
         let pid = supervisor_pid.ok_or(AdoptError::NotStarted)?;
         let socket = Path::new(socket);
         let gone = || AdoptError::Gone {
@@ -700,7 +803,12 @@ impl Backend for ProcessBackend {
         resources: &Resources,
         at_ms: i64,
     ) -> Result<(), DeadlineError> {
-        let Resources::Process { socket, .. } = resources;
+        let Some(Supervised { socket, .. }) = self.supervised(resources) else {
+            return Err(DeadlineError {
+                id: id.to_owned(),
+                source: std::io::Error::other("the recorded resources belong to another tier"),
+            });
+        };
         deadline::write_deadline(&deadline::deadline_file(Path::new(socket)), at_ms).map_err(
             |source| DeadlineError {
                 id: id.to_owned(),
@@ -716,8 +824,8 @@ impl Backend for ProcessBackend {
     async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError> {
         let supervisor = match self.supervisor(id) {
             Some(supervisor) => Some(supervisor),
-            None => match resources {
-                Some(Resources::Process {
+            None => match resources.and_then(|r| self.supervised(r)) {
+                Some(Supervised {
                     supervisor_pid: Some(pid),
                     ..
                 }) => open_supervisor(*pid, id).and_then(|pidfd| {
@@ -777,47 +885,69 @@ impl Backend for ProcessBackend {
             if keep.contains(&record.id) || !self.is_ours(record.launcher_pid) {
                 continue;
             }
-            let resources = Resources::Process {
+            let resources = self.resources(Supervised {
                 supervisor_pid: Some(record.launcher_pid),
                 socket: self.socket_of(&record.id).display().to_string(),
-            };
+            });
             if self.destroy(&record.id, Some(&resources)).await.is_ok() {
                 reconciled.stopped.push(record.id);
             }
         }
-        // Leftovers of dead launchers: slot records and cgroups.
-        let layout = self.cgroups.clone();
-        let runtime = self.runtime.clone();
-        if let Ok(removed) =
-            tokio::task::spawn_blocking(move || runtime.sweep(layout.as_ref())).await
-        {
-            reconciled.removed.extend(removed);
-        }
-        // Sockets (and deadline and ending files) of sandboxes that are not
-        // kept.
-        if let Ok(entries) = std::fs::read_dir(self.sockets()) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(id) = deadline::id_of_file(&name) else {
-                    continue;
-                };
-                if !keep.contains(id) && std::fs::remove_file(entry.path()).is_ok() {
-                    reconciled.removed.push(id.to_owned());
-                }
-            }
-        }
-        // Writable layers on disk of sandboxes that are neither kept nor
-        // running (a supervisor killed before its teardown).
-        if let Some(disk) = self.disk.clone() {
+        if let Runner::Oci(_) = self.runner {
+            // Bundles and runtime state of sandboxes neither kept nor
+            // running (a supervisor killed before its teardown).
             let live: HashSet<String> = self
                 .runtime
                 .live_records()
                 .into_iter()
                 .map(|r| r.id)
                 .collect();
-            for id in disk.ids() {
-                if !keep.contains(&id) && !live.contains(&id) && disk.remove(&id).is_ok() {
+            for id in self.container_dirs() {
+                if !keep.contains(&id)
+                    && !live.contains(&id)
+                    && std::fs::remove_dir_all(airlock_oci::container::dir_of(&self.runtime, &id))
+                        .is_ok()
+                {
                     reconciled.removed.push(id);
+                }
+            }
+        } else {
+            // What every supervised tier shares (slot records, cgroups,
+            // sockets, writable layers) is swept once, by the process tier.
+            // Leftovers of dead launchers: slot records and cgroups.
+            let layout = self.cgroups.clone();
+            let runtime = self.runtime.clone();
+            if let Ok(removed) =
+                tokio::task::spawn_blocking(move || runtime.sweep(layout.as_ref())).await
+            {
+                reconciled.removed.extend(removed);
+            }
+            // Sockets (and deadline and ending files) of sandboxes that are not
+            // kept.
+            if let Ok(entries) = std::fs::read_dir(self.sockets()) {
+                for entry in entries.flatten() {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let Some(id) = deadline::id_of_file(&name) else {
+                        continue;
+                    };
+                    if !keep.contains(id) && std::fs::remove_file(entry.path()).is_ok() {
+                        reconciled.removed.push(id.to_owned());
+                    }
+                }
+            }
+            // Writable layers on disk of sandboxes that are neither kept nor
+            // running (a supervisor killed before its teardown).
+            if let Some(disk) = self.disk.clone() {
+                let live: HashSet<String> = self
+                    .runtime
+                    .live_records()
+                    .into_iter()
+                    .map(|r| r.id)
+                    .collect();
+                for id in disk.ids() {
+                    if !keep.contains(&id) && !live.contains(&id) && disk.remove(&id).is_ok() {
+                        reconciled.removed.push(id);
+                    }
                 }
             }
         }
@@ -828,11 +958,22 @@ impl Backend for ProcessBackend {
 
     fn leaked(&self, keep: &HashSet<String>) -> usize {
         let live = self.runtime.live_records();
+        let unaccounted = |id: &String| !keep.contains(id) && !live.iter().any(|r| &r.id == id);
         // Our supervisors running a sandbox we do not account for.
         let ours = live
             .iter()
             .filter(|r| !keep.contains(&r.id) && self.is_ours(r.launcher_pid))
             .count();
+        if let Runner::Oci(_) = self.runner {
+            // Bundle directories nobody holds a slot for.
+            return ours
+                + self
+                    .container_dirs()
+                    .iter()
+                    .filter(|id| unaccounted(id))
+                    .count();
+        }
+        // What every supervised tier shares is counted once, here.
         // Cgroups nobody holds a slot for (any launcher's): orphans.
         let orphans = self
             .cgroups
@@ -840,14 +981,11 @@ impl Backend for ProcessBackend {
             .map(airlock_jail::cgroup::list_sandbox_cgroups)
             .unwrap_or_default()
             .into_iter()
-            .filter(|id| !keep.contains(id) && !live.iter().any(|r| &r.id == id))
+            .filter(unaccounted)
             .count();
         // Writable layers nobody holds a slot for.
         let layers = self.disk.as_ref().map_or(0, |disk| {
-            disk.ids()
-                .iter()
-                .filter(|id| !keep.contains(*id) && !live.iter().any(|r| &r.id == *id))
-                .count()
+            disk.ids().iter().filter(|id| unaccounted(id)).count()
         });
         ours + orphans + layers
     }

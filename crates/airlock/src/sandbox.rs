@@ -1,0 +1,137 @@
+//! A sandbox of any tier this host runs itself, as `airlock run` and a
+//! supervisor own it: the process tier's [`Jail`] or an OCI tier's
+//! [`Container`], behind one surface.
+
+use crate::run::error_chain;
+use airlock_jail::runtime::RuntimeDir;
+use airlock_jail::Jail;
+use airlock_oci::container::Container;
+use airlock_policy::SandboxSpec;
+use std::path::{Path, PathBuf};
+
+/// The sandbox this supervisor owns, of whichever tier.
+pub enum Sandbox {
+    Jail(Jail),
+    Container(Container),
+}
+
+impl Sandbox {
+    pub fn id(&self) -> &str {
+        match self {
+            Sandbox::Jail(jail) => jail.id(),
+            Sandbox::Container(container) => container.id(),
+        }
+    }
+
+    pub fn init_pid(&self) -> i32 {
+        match self {
+            Sandbox::Jail(jail) => jail.init_pid(),
+            Sandbox::Container(container) => container.init_pid(),
+        }
+    }
+
+    pub fn take_channel(&mut self) -> Option<std::os::unix::net::UnixStream> {
+        match self {
+            Sandbox::Jail(jail) => jail.take_channel(),
+            Sandbox::Container(container) => container.take_channel(),
+        }
+    }
+
+    pub fn oom(&self) -> bool {
+        match self {
+            Sandbox::Jail(jail) => jail.stats().oom_kills > 0,
+            Sandbox::Container(container) => container.stats().oom_kills > 0,
+        }
+    }
+
+    pub fn kill(&self) {
+        match self {
+            Sandbox::Jail(jail) => jail.kill(),
+            Sandbox::Container(container) => container.kill(),
+        }
+    }
+
+    pub fn stats(&self) -> airlock_jail::cgroup::CgroupStats {
+        match self {
+            Sandbox::Jail(jail) => jail.stats(),
+            Sandbox::Container(container) => container.stats(),
+        }
+    }
+
+    /// Releases everything the sandbox holds (idempotent); the error says
+    /// what was left.
+    pub fn teardown(&mut self) -> Result<(), String> {
+        match self {
+            Sandbox::Jail(jail) => jail.teardown().map_err(|e| error_chain(&e)),
+            Sandbox::Container(container) => container.teardown().map_err(|e| error_chain(&e)),
+        }
+    }
+}
+
+/// What a supervisor prepares before its spec comes, per tier.
+pub enum Prepared {
+    Jail(airlock_jail::launch::Prepared),
+    Container(airlock_oci::container::Prepared, airlock_oci::Runtime),
+}
+
+impl Prepared {
+    /// Prepares a launch on `tier` (`process`, `oci`, `gvisor`); the OCI
+    /// tiers run `runtime` (by default the first `runsc` or `runc` in
+    /// PATH), gVisor on `platform`. Errors carry whether the caller's
+    /// input was at fault.
+    pub fn of_tier(
+        tier: &str,
+        runtime: Option<PathBuf>,
+        platform: &str,
+        runtime_dir: &RuntimeDir,
+    ) -> Result<Prepared, (String, bool)> {
+        let oci = match tier {
+            "process" => {
+                return Jail::prepare(runtime_dir)
+                    .map(Prepared::Jail)
+                    .map_err(|e| (error_chain(&e), e.is_bad_input()))
+            }
+            "gvisor" => airlock_oci::Runtime::gvisor(
+                runtime.unwrap_or_else(|| crate::serve::in_path(Path::new("runsc"))),
+                platform,
+            ),
+            "oci" => airlock_oci::Runtime::runc(
+                runtime.unwrap_or_else(|| crate::serve::in_path(Path::new("runc"))),
+            ),
+            other => {
+                return Err((
+                    format!("there is no tier {other:?} (process, oci, gvisor)"),
+                    true,
+                ))
+            }
+        };
+        Container::prepare(runtime_dir)
+            .map(|prepared| Prepared::Container(prepared, oci))
+            .map_err(|e| (error_chain(&e), e.is_bad_input()))
+    }
+
+    /// Launches sandbox `id` for `spec`. A sandbox with network joins the
+    /// network namespace this process is in (prepared by the caller).
+    pub fn launch(
+        self,
+        spec: &SandboxSpec,
+        runtime_dir: &RuntimeDir,
+        id: String,
+        disk: Option<&airlock_jail::disk::DiskStore>,
+    ) -> Result<Sandbox, (String, bool)> {
+        match self {
+            Prepared::Jail(prepared) => {
+                Jail::launch_prepared(prepared, spec, runtime_dir, id, disk)
+                    .map(Sandbox::Jail)
+                    .map_err(|e| (error_chain(&e), e.is_bad_input()))
+            }
+            Prepared::Container(prepared, runtime) => {
+                let netns = (!spec.network.is_none())
+                    .then(|| PathBuf::from(format!("/proc/{}/ns/net", std::process::id())));
+                Container::launch(prepared, spec, runtime_dir, id, disk, &runtime, netns)
+                    .map(Sandbox::Container)
+                    .map_err(|e| (error_chain(&e), e.is_bad_input()))
+            }
+        }
+    }
+}

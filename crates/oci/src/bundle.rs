@@ -1,0 +1,418 @@
+//! The OCI bundle of a sandbox: a pure function of its spec and of where
+//! the supervisor put things (`config.json` as the runtime spec defines
+//! it, built with `oci-spec`).
+//!
+//! The container's init is the agent, bound read-only at [`AGENT_PATH`]
+//! (under the runtime's own `/dev`, so nothing of it lands in the
+//! sandbox's root or its writable layer), with its channel on stdin
+//! (runsc) or on descriptor 3 (runc, which replaces a socket on stdin but
+//! passes extra descriptors through with `--preserve-fds`). It
+//! runs as root of the sandbox with only the capabilities it needs to run
+//! processes as root or `user` ([`AGENT_CAPABILITIES`]) and no_new_privs.
+//! The root is the directory the supervisor assembled, writable as the
+//! process tier's is; `/proc`, `/dev`, `/dev/pts`, `/dev/shm` and `/sys`
+//! come from the runtime (for gVisor, its own kernel's).
+
+use crate::Kind;
+use airlock_policy::SandboxSpec;
+use oci_spec::runtime::{
+    Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder,
+    LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
+    LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder,
+    Spec, SpecBuilder, UserBuilder,
+};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+/// Where the agent binary appears inside the container.
+pub const AGENT_PATH: &str = "/dev/.airlock-agent";
+
+/// What the agent keeps: those its root children keep (the process tier's
+/// `ROOT_KEEP`), and `SETPCAP` to drop the rest from a child's bounding set.
+pub const AGENT_CAPABILITIES: &[Capability] = &[
+    Capability::Chown,
+    Capability::DacOverride,
+    Capability::Fowner,
+    Capability::Fsetid,
+    Capability::Kill,
+    Capability::Setgid,
+    Capability::Setuid,
+    Capability::NetBindService,
+    Capability::Setpcap,
+];
+
+/// procfs and sysfs paths hidden from the sandbox (runc's defaults and the
+/// process tier's masks); gVisor's own procfs shows none of the host's.
+pub const MASKED_PATHS: &[&str] = &[
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/kallsyms",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+
+/// procfs paths made read-only.
+pub const READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The descriptor the agent finds its channel on under runtime `kind`.
+pub fn channel_fd(kind: Kind) -> i32 {
+    match kind {
+        Kind::Gvisor => 0,
+        Kind::Runc => 3,
+    }
+}
+
+/// Where the supervisor put what the bundle names.
+#[derive(Debug, Clone)]
+pub struct Placement<'a> {
+    /// The sandbox's assembled root directory.
+    pub root: &'a Path,
+    /// The agent binary on the host.
+    pub agent: &'a Path,
+    /// The sandbox's hostname (its id).
+    pub hostname: &'a str,
+    /// A network namespace to join (the egress namespace of a sandbox that
+    /// may reach the network); `None` gives the container a namespace of
+    /// its own with loopback only.
+    pub netns: Option<PathBuf>,
+    /// The host uid and gid of the sandbox's root, when the runtime maps a
+    /// user namespace (runc); gVisor's kernel keeps ids of its own.
+    pub id_map: Option<(u32, u32)>,
+}
+
+/// The bundle could not be described.
+#[derive(Debug, thiserror::Error)]
+#[error("the sandbox's OCI bundle cannot be built: {0}")]
+pub struct BundleError(#[from] oci_spec::OciSpecError);
+
+fn mount(
+    destination: &str,
+    typ: &str,
+    source: &str,
+    options: &[&str],
+) -> Result<Mount, BundleError> {
+    Ok(MountBuilder::default()
+        .destination(destination)
+        .typ(typ)
+        .source(source)
+        .options(options.iter().map(|o| o.to_string()).collect::<Vec<_>>())
+        .build()?)
+}
+
+fn namespace(
+    typ: LinuxNamespaceType,
+    path: Option<PathBuf>,
+) -> Result<LinuxNamespace, BundleError> {
+    let mut builder = LinuxNamespaceBuilder::default().typ(typ);
+    if let Some(path) = path {
+        builder = builder.path(path);
+    }
+    Ok(builder.build()?)
+}
+
+/// The runtime's file systems and the agent.
+fn mounts(spec: &SandboxSpec, agent: &Path) -> Result<Vec<Mount>, BundleError> {
+    let shm_size = (spec.limits.memory_bytes / 2).clamp(1 << 20, 64 << 20);
+    let shm = format!("size={shm_size}");
+    Ok(vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        )?,
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ],
+        )?,
+        mount(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", &shm],
+        )?,
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        )?,
+        MountBuilder::default()
+            .destination(AGENT_PATH)
+            .typ("bind")
+            .source(agent)
+            .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
+            .build()?,
+    ])
+}
+
+/// `config.json` of sandbox `spec` placed as `placement` says.
+pub fn config(
+    spec: &SandboxSpec,
+    kind: Kind,
+    placement: &Placement<'_>,
+) -> Result<Spec, BundleError> {
+    let capabilities: HashSet<Capability> = AGENT_CAPABILITIES.iter().copied().collect();
+    let channel = channel_fd(kind).to_string();
+    let process = ProcessBuilder::default()
+        .terminal(false)
+        .user(UserBuilder::default().uid(0u32).gid(0u32).build()?)
+        .args(vec![AGENT_PATH.to_owned(), "--fd".into(), channel])
+        .env(Vec::<String>::new())
+        .cwd("/")
+        .capabilities(
+            LinuxCapabilitiesBuilder::default()
+                .bounding(capabilities.clone())
+                .effective(capabilities.clone())
+                .permitted(capabilities)
+                .inheritable(HashSet::new())
+                .ambient(HashSet::new())
+                .build()?,
+        )
+        .no_new_privileges(true)
+        .build()?;
+    let mut namespaces = vec![
+        namespace(LinuxNamespaceType::Pid, None)?,
+        namespace(LinuxNamespaceType::Ipc, None)?,
+        namespace(LinuxNamespaceType::Uts, None)?,
+        namespace(LinuxNamespaceType::Mount, None)?,
+        namespace(LinuxNamespaceType::Network, placement.netns.clone())?,
+    ];
+    let mut linux = LinuxBuilder::default();
+    if let Some((uid, gid)) = placement.id_map {
+        namespaces.push(namespace(LinuxNamespaceType::User, None)?);
+        let size = airlock_jail::runtime::UIDS_PER_SANDBOX;
+        linux = linux
+            .uid_mappings(vec![LinuxIdMappingBuilder::default()
+                .container_id(0u32)
+                .host_id(uid)
+                .size(size)
+                .build()?])
+            .gid_mappings(vec![LinuxIdMappingBuilder::default()
+                .container_id(0u32)
+                .host_id(gid)
+                .size(size)
+                .build()?]);
+    }
+    let limits = &spec.limits;
+    let period: u64 = 100_000;
+    let resources = LinuxResourcesBuilder::default()
+        .memory(
+            LinuxMemoryBuilder::default()
+                .limit(i64::try_from(limits.memory_bytes).unwrap_or(i64::MAX))
+                .build()?,
+        )
+        .cpu(
+            LinuxCpuBuilder::default()
+                .quota(i64::from(limits.cpu_millis) * period as i64 / 1000)
+                .period(period)
+                .build()?,
+        )
+        .pids(
+            LinuxPidsBuilder::default()
+                .limit(i64::from(limits.pids))
+                .build()?,
+        )
+        .build()?;
+    if kind == Kind::Runc {
+        // runc joins (and limits) the supervisor's cgroup for the sandbox;
+        // without a path it would nest one of its own below wherever it
+        // was started.
+        linux = linux.cgroups_path(PathBuf::from(format!(
+            "/{}/{}",
+            airlock_jail::cgroup::PARENT,
+            placement.hostname
+        )));
+    }
+    let linux = linux
+        .namespaces(namespaces)
+        .resources(resources)
+        .masked_paths(
+            MASKED_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .readonly_paths(
+            READONLY_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .build()?;
+    Ok(SpecBuilder::default()
+        .version("1.0.2")
+        .root(
+            RootBuilder::default()
+                .path(placement.root)
+                .readonly(false)
+                .build()?,
+        )
+        .hostname(placement.hostname)
+        .mounts(mounts(spec, placement.agent)?)
+        .process(process)
+        .linux(linux)
+        .build()?)
+}
+
+/// The bundle of a runtime's probe: the agent, run with no arguments, as
+/// the init of an empty root with no network.
+pub fn probe_config(root: &Path, agent: &Path, kind: Kind) -> Result<String, BundleError> {
+    let spec = SandboxSpec::default();
+    let mut config = config(
+        &spec,
+        kind,
+        &Placement {
+            root,
+            agent,
+            hostname: "airlock-probe",
+            netns: None,
+            id_map: None,
+        },
+    )?;
+    if let Some(process) = config.process_mut() {
+        process.set_args(Some(vec![AGENT_PATH.to_owned()]));
+    }
+    config.set_linux(config.linux().clone().map(|mut linux| {
+        linux.set_resources(None);
+        linux
+    }));
+    serde_json::to_string_pretty(&config)
+        .map_err(|e| BundleError(oci_spec::OciSpecError::Other(e.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn placed<'a>(root: &'a Path, agent: &'a Path, netns: Option<PathBuf>) -> Placement<'a> {
+        Placement {
+            root,
+            agent,
+            hostname: "sbx-1",
+            netns,
+            id_map: None,
+        }
+    }
+
+    #[test]
+    fn the_agent_is_init_with_its_channel_on_stdin_and_few_capabilities() {
+        let spec = SandboxSpec::default();
+        let config = config(
+            &spec,
+            Kind::Gvisor,
+            &placed(Path::new("/r"), Path::new("/usr/bin/airlock-agent"), None),
+        )
+        .unwrap();
+        let process = config.process().as_ref().unwrap();
+        assert_eq!(
+            process.args().as_ref().unwrap(),
+            &vec![AGENT_PATH.to_owned(), "--fd".into(), "0".into()]
+        );
+        assert_eq!(process.user().uid(), 0);
+        assert_eq!(process.no_new_privileges(), Some(true));
+        let caps = process.capabilities().as_ref().unwrap();
+        let bounding = caps.bounding().as_ref().unwrap();
+        assert_eq!(bounding.len(), AGENT_CAPABILITIES.len());
+        assert!(!bounding.contains(&Capability::SysAdmin));
+        assert!(!bounding.contains(&Capability::SysPtrace));
+        assert!(caps.ambient().as_ref().unwrap().is_empty());
+        let agent = config
+            .mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.destination() == Path::new(AGENT_PATH))
+            .unwrap();
+        assert_eq!(
+            agent.source().as_deref(),
+            Some(Path::new("/usr/bin/airlock-agent"))
+        );
+        assert!(agent.options().as_ref().unwrap().contains(&"ro".to_owned()));
+        assert_eq!(config.root().as_ref().unwrap().path(), Path::new("/r"));
+        assert_eq!(config.hostname().as_deref(), Some("sbx-1"));
+    }
+
+    #[test]
+    fn limits_and_the_network_namespace_come_from_the_spec_and_placement() {
+        let mut spec = SandboxSpec::default();
+        spec.limits.memory_bytes = 256 << 20;
+        spec.limits.cpu_millis = 500;
+        spec.limits.pids = 77;
+        let netns = PathBuf::from("/proc/42/ns/net");
+        let config = config(
+            &spec,
+            Kind::Gvisor,
+            &placed(Path::new("/r"), Path::new("/a"), Some(netns.clone())),
+        )
+        .unwrap();
+        let linux = config.linux().as_ref().unwrap();
+        let resources = linux.resources().as_ref().unwrap();
+        assert_eq!(
+            resources.memory().as_ref().unwrap().limit(),
+            Some(256 << 20)
+        );
+        assert_eq!(resources.cpu().as_ref().unwrap().quota(), Some(50_000));
+        assert_eq!(resources.pids().as_ref().unwrap().limit(), 77);
+        let namespaces = linux.namespaces().as_ref().unwrap();
+        let net = namespaces
+            .iter()
+            .find(|n| n.typ() == LinuxNamespaceType::Network)
+            .unwrap();
+        assert_eq!(net.path().as_deref(), Some(netns.as_path()));
+        assert!(!namespaces
+            .iter()
+            .any(|n| n.typ() == LinuxNamespaceType::User));
+        assert!(linux.uid_mappings().is_none());
+    }
+
+    #[test]
+    fn a_mapped_root_gets_a_user_namespace_of_the_slot_range() {
+        let spec = SandboxSpec::default();
+        let mut placement = placed(Path::new("/r"), Path::new("/a"), None);
+        placement.id_map = Some((200_000, 200_000));
+        let config = config(&spec, Kind::Runc, &placement).unwrap();
+        let linux = config.linux().as_ref().unwrap();
+        assert!(linux
+            .namespaces()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|n| n.typ() == LinuxNamespaceType::User));
+        let map = &linux.uid_mappings().as_ref().unwrap()[0];
+        assert_eq!((map.container_id(), map.host_id()), (0, 200_000));
+        assert_eq!(map.size(), airlock_jail::runtime::UIDS_PER_SANDBOX);
+    }
+
+    #[test]
+    fn the_probe_runs_the_agent_bare() {
+        let text = probe_config(Path::new("/r"), Path::new("/a"), Kind::Gvisor).unwrap();
+        let config: Spec = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            config.process().as_ref().unwrap().args().as_ref().unwrap(),
+            &vec![AGENT_PATH.to_owned()]
+        );
+    }
+}

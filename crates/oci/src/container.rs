@@ -1,0 +1,487 @@
+//! A sandbox of an OCI tier, seen from its supervisor: what it holds on the
+//! host and the one teardown that releases it.
+//!
+//! A launch, in order: the checks every tier makes; a uid slot (its record
+//! is how the daemon's reconciliation finds a dead supervisor's leftovers)
+//! and the sandbox's cgroup with its limits; the writable layer; then, in a
+//! mount namespace of the supervisor's own, the root (template layers
+//! stacked by overlayfs under the writable layer, or the host's system
+//! directories for the `host` template) and the plan's files and mounts in
+//! it (`airlock_jail::rootfs::guest_plan`: no `/proc` or `/dev` of the
+//! host's kernel). The bundle goes to `<runtime dir>/containers/<id>/`,
+//! with the runtime's state beside it, and the runtime runs it from a
+//! child that starts inside the cgroup, so every process the runtime makes
+//! (for gVisor: its sentry and gofer) is counted and limited there.
+//!
+//! [`Container::teardown`] kills everything in the cgroup, detaches the
+//! root, removes the cgroup, the writable layer, the bundle and state
+//! directory, and gives the slot back. It is idempotent and runs on drop.
+
+use crate::bundle::{self, Placement};
+use crate::{last_line, Kind, Runtime};
+use airlock_jail::cgroup::{CgroupLayout, CgroupLimits, CgroupStats, SandboxCgroup};
+use airlock_jail::disk::DiskStore;
+use airlock_jail::kernel::{raw_mount, HostSources, RootDir};
+use airlock_jail::launch::{self, LaunchError};
+use airlock_jail::rootfs::{self, HostFacts, SetupOp};
+use airlock_jail::runtime::{RuntimeDir, Slot, SlotRecord};
+use airlock_policy::{LayerBacking, SandboxSpec, Template};
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the runtime gets to create the container.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A sandbox of an OCI tier could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error(transparent)]
+    Bundle(#[from] bundle::BundleError),
+    #[error("cannot {0}")]
+    Io(&'static str, #[source] io::Error),
+    #[error("the sandbox's root could not be built: {0}")]
+    Root(String),
+    #[error("{runtime} did not run the sandbox: {message}")]
+    Refused { runtime: String, message: String },
+    #[error("{runtime} did not start the sandbox within {} s", START_TIMEOUT.as_secs())]
+    Slow { runtime: String },
+}
+
+impl ContainerError {
+    /// True when the caller's input was at fault (an API client's 4xx).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, ContainerError::Launch(e) if e.is_bad_input())
+    }
+}
+
+/// What [`Container::prepare`] gathered; used by one launch.
+pub struct Prepared {
+    layout: CgroupLayout,
+    host: HostFacts,
+    agent: PathBuf,
+}
+
+/// A running sandbox of an OCI tier.
+#[derive(Debug)]
+pub struct Container {
+    id: String,
+    runtime: Runtime,
+    /// `<runtime dir>/containers/<id>`: the bundle and the runtime's state.
+    dir: PathBuf,
+    stage: PathBuf,
+    cgroup: SandboxCgroup,
+    disk: Option<DiskStore>,
+    slot: Option<Slot>,
+    /// The runtime's `run`, which lasts as long as the container.
+    child: Option<Child>,
+    init_pid: i32,
+    channel: Option<UnixStream>,
+    mounted: bool,
+    torn_down: bool,
+}
+
+impl Container {
+    /// What does not depend on the spec (a supervisor started ahead of
+    /// need does it while it waits): checks, the cgroup layout, the runtime
+    /// directory and its sweep, the host's facts, the agent binary.
+    pub fn prepare(runtime: &RuntimeDir) -> Result<Prepared, ContainerError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(LaunchError::NotRoot.into());
+        }
+        let layout = CgroupLayout::detect().map_err(LaunchError::from)?;
+        runtime.prepare().map_err(LaunchError::from)?;
+        runtime.sweep(Some(&layout));
+        let agent = launch::agent_binary();
+        if let Err(e) = fs::metadata(&agent) {
+            return Err(LaunchError::AgentMissing(agent, e).into());
+        }
+        Ok(Prepared {
+            layout,
+            host: HostFacts::gather(),
+            agent,
+        })
+    }
+
+    /// Starts sandbox `id` for `spec` under `runtime`, from the work
+    /// [`Container::prepare`] did. `netns` is the network namespace the
+    /// container joins (the egress namespace the supervisor prepared), or
+    /// `None` for one of its own with loopback only. Must run in a
+    /// single-threaded process: it unshares its mount namespace.
+    pub fn launch(
+        prepared: Prepared,
+        spec: &SandboxSpec,
+        runtime_dir: &RuntimeDir,
+        id: String,
+        disk: Option<&DiskStore>,
+        runtime: &Runtime,
+        netns: Option<PathBuf>,
+    ) -> Result<Container, ContainerError> {
+        launch::check_launchable(&id, spec)?;
+        if !launch::single_threaded() {
+            return Err(LaunchError::NotSingleThreaded.into());
+        }
+        let Prepared {
+            layout,
+            host,
+            agent,
+        } = prepared;
+        let mut slot = runtime_dir.acquire_slot().map_err(LaunchError::from)?;
+        slot.record(&SlotRecord {
+            id: id.clone(),
+            launcher_pid: std::process::id(),
+        })
+        .map_err(LaunchError::from)?;
+        let cgroup = match SandboxCgroup::create(
+            layout,
+            &id,
+            CgroupLimits {
+                memory_bytes: spec.limits.memory_bytes,
+                cpu_millis: spec.limits.cpu_millis,
+                pids: spec.limits.pids,
+            },
+        ) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                slot.release();
+                return Err(LaunchError::from(e).into());
+            }
+        };
+        let mut container = Container {
+            dir: runtime_dir.containers().join(&id),
+            stage: runtime_dir.stage(),
+            id,
+            runtime: runtime.clone(),
+            cgroup,
+            disk: None,
+            slot: Some(slot),
+            child: None,
+            init_pid: 0,
+            channel: None,
+            mounted: false,
+            torn_down: false,
+        };
+        // From here on, dropping `container` tears down what exists.
+        let upper = match spec.limits.layer {
+            LayerBacking::Memory => None,
+            LayerBacking::Disk => {
+                let store = disk.ok_or(LaunchError::NoDiskStore)?;
+                container.disk = Some(store.clone());
+                Some(
+                    store
+                        .create(&container.id, spec.limits.disk_bytes, 0)
+                        .map_err(LaunchError::from)?,
+                )
+            }
+        };
+        fs::create_dir_all(&container.dir)
+            .and_then(|()| fs::set_permissions(&container.dir, fs::Permissions::from_mode(0o700)))
+            .map_err(|e| ContainerError::Io("make the sandbox's bundle directory", e))?;
+        let root = container.build_root(spec, &host, upper.as_deref())?;
+        let config = bundle::config(
+            spec,
+            runtime.kind,
+            &Placement {
+                root: Path::new(&root),
+                agent: &agent,
+                hostname: &container.id,
+                netns: netns.clone(),
+                id_map: None,
+            },
+        )?;
+        let text = serde_json::to_vec_pretty(&config)
+            .map_err(|e| ContainerError::Io("encode the bundle", e.into()))?;
+        fs::write(container.dir.join("config.json"), text)
+            .map_err(|e| ContainerError::Io("write the bundle", e))?;
+        container.start(netns.is_some())?;
+        Ok(container)
+    }
+
+    /// Builds the root in a mount namespace of this process's own and
+    /// returns its path.
+    fn build_root(
+        &mut self,
+        spec: &SandboxSpec,
+        host: &HostFacts,
+        upper: Option<&Path>,
+    ) -> Result<String, ContainerError> {
+        let plan = rootfs::guest_plan(spec, host, &self.id);
+        // SAFETY: the hazard `unshare_unsafe` guards against is FILES, which
+        // would leave descriptors this process holds unshared behind std's
+        // back; NEWNS alone changes only which mount table this (single-
+        // threaded, checked by `launch`) process sees.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
+            .map_err(|e| ContainerError::Io("unshare the mount namespace", e.into()))?;
+        raw_mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+            .map_err(|e| ContainerError::Io("make mounts private", e.into()))?;
+        let template_dir = match &spec.template {
+            Template::Dir { path } => Some(path.as_path()),
+            Template::Host | Template::Layers { .. } => None,
+        };
+        let layers: &[PathBuf] = match &spec.template {
+            Template::Layers { layers } => layers,
+            _ => &[],
+        };
+        let mut host_paths: Vec<&Path> = plan
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                SetupOp::BindHost { source, .. } => Some(source.as_path()),
+                _ => None,
+            })
+            .collect();
+        host_paths.extend(template_dir);
+        host_paths.extend(upper);
+        let sources =
+            HostSources::open(host_paths).map_err(|e| ContainerError::Root(e.to_string()))?;
+        let layers = launch::clone_layers(layers, None)?;
+        let link = |path: Option<&Path>| path.and_then(|p| sources.link(p));
+        let stage = self.stage.to_string_lossy().into_owned();
+        fs::create_dir_all(&self.stage)
+            .map_err(|e| ContainerError::Io("make the stage directory", e))?;
+        self.mounted = true;
+        let root = launch::assemble_root(
+            &stage,
+            link(upper).as_deref(),
+            link(template_dir).as_deref(),
+            layers,
+            spec.limits.writable_layer_bytes(),
+        )
+        .map_err(ContainerError::Root)?;
+        let mut dir = RootDir::open(Path::new(&root), sources)
+            .map_err(|e| ContainerError::Root(e.to_string()))?;
+        rootfs::apply(&plan, &mut dir).map_err(|e| ContainerError::Root(e.to_string()))?;
+        Ok(root)
+    }
+
+    /// Runs the bundle: the runtime's `run` in the foreground, born inside
+    /// the cgroup, the agent's end of the channel as its stdin. Returns once
+    /// the runtime has made the container (its pid file is written), or
+    /// with the runtime's own reason when it gave up.
+    fn start(&mut self, networked: bool) -> Result<(), ContainerError> {
+        let (host_end, agent_end) =
+            UnixStream::pair().map_err(|e| ContainerError::Io("create the agent channel", e))?;
+        let log = fs::File::create(self.dir.join("runtime.log"))
+            .map_err(|e| ContainerError::Io("create the runtime's log", e))?;
+        let pid_file = self.dir.join("pid");
+        let network = match (self.runtime.kind, networked) {
+            (Kind::Gvisor, false) => "none",
+            _ => "sandbox",
+        };
+        let mut command = Command::new(&self.runtime.binary);
+        command
+            .args(self.runtime.global_args(&self.dir.join("state"), network))
+            .arg("run")
+            .arg("--bundle")
+            .arg(&self.dir)
+            .arg("--pid-file")
+            .arg(&pid_file);
+        let agent_end = std::os::fd::OwnedFd::from(agent_end);
+        // The parent's copy of the agent's end, closed once the child has
+        // its own (when the channel is not on the child's stdin).
+        let mut held = None;
+        match bundle::channel_fd(self.runtime.kind) {
+            0 => {
+                command.stdin(Stdio::from(agent_end));
+            }
+            fd => {
+                use std::os::fd::AsRawFd;
+                use std::os::unix::process::CommandExt;
+                let raw = agent_end.as_raw_fd();
+                command.arg("--preserve-fds").arg("1").stdin(Stdio::null());
+                // SAFETY: runs in the forked child before exec, where only
+                // async-signal-safe calls are allowed: dup2 is one. `raw`
+                // stays open in the parent (`agent_end` lives until the
+                // spawn returns), so the child's copy is open too; dup2
+                // clears close-on-exec on the new descriptor.
+                unsafe {
+                    command.pre_exec(move || {
+                        if libc::dup2(raw, fd) < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+                held = Some(agent_end);
+            }
+        }
+        command
+            .arg(&self.id)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        // On cgroup v1 the child is born in the cgroup (this thread steps in
+        // for the fork and back out); on v2 it is moved right after.
+        let way_back = self
+            .cgroup
+            .enter_with_current_thread()
+            .map_err(LaunchError::from)?;
+        let spawned = command.spawn();
+        if let Some(way_back) = &way_back {
+            way_back.go().map_err(LaunchError::from)?;
+        }
+        drop(held);
+        let child = spawned.map_err(|e| ContainerError::Io("start the runtime", e))?;
+        if way_back.is_none() {
+            self.cgroup
+                .add_process(child.id())
+                .map_err(LaunchError::from)?;
+        }
+        drop(command);
+        self.child = Some(child);
+        let started = Instant::now();
+        loop {
+            if let Some(pid) = fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|text| text.trim().parse::<i32>().ok())
+            {
+                self.init_pid = pid;
+                break;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .map(|c| c.try_wait())
+                .transpose()
+                .map_err(|e| ContainerError::Io("watch the runtime", e))?
+                .flatten();
+            if let Some(status) = exited {
+                let log = fs::read_to_string(self.dir.join("runtime.log")).unwrap_or_default();
+                return Err(ContainerError::Refused {
+                    runtime: self.runtime_name(),
+                    message: format!("{status}: {}", last_line(&log)),
+                });
+            }
+            if started.elapsed() > START_TIMEOUT {
+                return Err(ContainerError::Slow {
+                    runtime: self.runtime_name(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        host_end
+            .set_nonblocking(false)
+            .map_err(|e| ContainerError::Io("configure the agent channel", e))?;
+        self.channel = Some(host_end);
+        Ok(())
+    }
+
+    fn runtime_name(&self) -> String {
+        self.runtime.binary.file_name().map_or_else(
+            || "the runtime".into(),
+            |n| n.to_string_lossy().into_owned(),
+        )
+    }
+
+    /// The sandbox id (also its hostname).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The host pid the runtime gave for the container.
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// The host end of the agent channel; `None` after it was taken.
+    pub fn take_channel(&mut self) -> Option<UnixStream> {
+        self.channel.take()
+    }
+
+    /// Usage counters of the sandbox's cgroup (the runtime's processes
+    /// with everything inside).
+    pub fn stats(&self) -> CgroupStats {
+        self.cgroup.stats()
+    }
+
+    /// Kills every process of the sandbox at once (the teardown follows).
+    pub fn kill(&self) {
+        let _ = self.cgroup.kill_all(Duration::from_secs(5));
+    }
+
+    /// Releases everything the sandbox holds. Idempotent.
+    pub fn teardown(&mut self) -> Result<(), ContainerError> {
+        if self.torn_down {
+            return Ok(());
+        }
+        let mut left = Vec::new();
+        if self.cgroup.kill_all(Duration::from_secs(10)).is_err() {
+            left.push("processes");
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if self.mounted {
+            // A lazy unmount of the stage takes the root and everything
+            // mounted in it; the runtime's processes, which held copies,
+            // are gone.
+            match rustix::mount::unmount(&self.stage, rustix::mount::UnmountFlags::DETACH) {
+                Ok(()) | Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {
+                    self.mounted = false
+                }
+                Err(_) => left.push("its root's mounts"),
+            }
+        }
+        if self.cgroup.remove().is_err() {
+            left.push("its cgroup");
+        }
+        if self.runtime.kind == Kind::Runc && remove_runc_cgroups(&self.id).is_err() {
+            left.push("its runtime's cgroups");
+        }
+        if let Some(disk) = &self.disk {
+            if disk.remove(&self.id).is_err() {
+                left.push("its writable layer");
+            }
+        }
+        match fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(_) => left.push("its bundle directory"),
+        }
+        if left.is_empty() {
+            if let Some(slot) = self.slot.take() {
+                slot.release();
+            }
+            self.torn_down = true;
+            Ok(())
+        } else {
+            Err(ContainerError::Root(format!(
+                "teardown left {}",
+                left.join(", ")
+            )))
+        }
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = self.teardown();
+    }
+}
+
+/// Removes the cgroup directories runc made for sandbox `id` in every
+/// hierarchy (it makes one in each mounted controller, beyond the four the
+/// supervisor's own cgroup has). They must be empty (killed) by now.
+pub fn remove_runc_cgroups(id: &str) -> io::Result<()> {
+    let mut result = Ok(());
+    for hierarchy in fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        let dir = hierarchy.path().join(airlock_jail::cgroup::PARENT).join(id);
+        match fs::remove_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => result = Err(e),
+        }
+    }
+    result
+}
+
+/// The bundle and state directory of sandbox `id`, for reconciliation.
+pub fn dir_of(runtime_dir: &RuntimeDir, id: &str) -> PathBuf {
+    runtime_dir.containers().join(id)
+}
