@@ -191,6 +191,10 @@ fn mkdir(path: &str, mode: u32, owner: u32) -> SetupOp {
     }
 }
 
+/// The dynamic loader's preload list, which the gvisor tier writes to load
+/// its statx shim (see `airlock-oci`).
+pub const PRELOAD_FILE: &str = "etc/ld.so.preload";
+
 /// What the setup of a sandbox on a template writes into its writable
 /// layer itself, not its processes: the files it generates (its hostname,
 /// hosts and resolver) and the directories it makes or sets the mode of
@@ -210,6 +214,7 @@ pub fn template_setup_paths() -> (Vec<String>, Vec<String>) {
             _ => {}
         }
     }
+    files.push(PRELOAD_FILE.to_owned());
     (files, dirs)
 }
 

@@ -27,6 +27,10 @@ use std::path::{Path, PathBuf};
 /// Where the agent binary appears inside the container.
 pub const AGENT_PATH: &str = "/dev/.airlock-agent";
 
+/// Where the gvisor tier's statx shim appears inside the container (named
+/// by the sandbox's `/etc/ld.so.preload`; see `compat/statx-shim.c`).
+pub const SHIM_PATH: &str = "/dev/.airlock-statx-shim.so";
+
 /// What the agent keeps: those its root children keep (the process tier's
 /// `ROOT_KEEP`), and `SETPCAP` to drop the rest from a child's bounding set.
 pub const AGENT_CAPABILITIES: &[Capability] = &[
@@ -90,6 +94,8 @@ pub struct Placement<'a> {
     /// The host uid and gid of the sandbox's root, when the runtime maps a
     /// user namespace (runc); gVisor's kernel keeps ids of its own.
     pub id_map: Option<(u32, u32)>,
+    /// The statx shim on the host, bound at [`SHIM_PATH`] (gvisor tier).
+    pub shim: Option<PathBuf>,
 }
 
 /// The bundle could not be described.
@@ -123,10 +129,22 @@ fn namespace(
 }
 
 /// The runtime's file systems and the agent.
-fn mounts(spec: &SandboxSpec, agent: &Path) -> Result<Vec<Mount>, BundleError> {
+fn mounts(
+    spec: &SandboxSpec,
+    agent: &Path,
+    shim: Option<&Path>,
+) -> Result<Vec<Mount>, BundleError> {
     let shm_size = (spec.limits.memory_bytes / 2).clamp(1 << 20, 64 << 20);
     let shm = format!("size={shm_size}");
-    Ok(vec![
+    let bind = |source: &Path, destination: &str| {
+        MountBuilder::default()
+            .destination(destination)
+            .typ("bind")
+            .source(source)
+            .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
+            .build()
+    };
+    let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount(
             "/dev",
@@ -158,13 +176,12 @@ fn mounts(spec: &SandboxSpec, agent: &Path) -> Result<Vec<Mount>, BundleError> {
             "sysfs",
             &["nosuid", "noexec", "nodev", "ro"],
         )?,
-        MountBuilder::default()
-            .destination(AGENT_PATH)
-            .typ("bind")
-            .source(agent)
-            .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
-            .build()?,
-    ])
+        bind(agent, AGENT_PATH)?,
+    ];
+    if let Some(shim) = shim {
+        mounts.push(bind(shim, SHIM_PATH)?);
+    }
+    Ok(mounts)
 }
 
 /// `config.json` of sandbox `spec` placed as `placement` says.
@@ -270,7 +287,7 @@ pub fn config(
                 .build()?,
         )
         .hostname(placement.hostname)
-        .mounts(mounts(spec, placement.agent)?)
+        .mounts(mounts(spec, placement.agent, placement.shim.as_deref())?)
         .process(process)
         .linux(linux)
         .build()?)
@@ -289,6 +306,7 @@ pub fn probe_config(root: &Path, agent: &Path, kind: Kind) -> Result<String, Bun
             hostname: "airlock-probe",
             netns: None,
             id_map: None,
+            shim: None,
         },
     )?;
     if let Some(process) = config.process_mut() {
@@ -314,6 +332,7 @@ mod tests {
             hostname: "sbx-1",
             netns,
             id_map: None,
+            shim: None,
         }
     }
 

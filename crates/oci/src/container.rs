@@ -34,6 +34,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The gvisor tier's statx shim (see `compat/statx-shim.c`), built by
+/// build.rs; empty where it is not built.
+static STATX_SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/statx-shim.so"));
+
 /// How long the runtime gets to create the container.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -183,7 +187,16 @@ impl Container {
         fs::create_dir_all(&container.dir)
             .and_then(|()| fs::set_permissions(&container.dir, fs::Permissions::from_mode(0o700)))
             .map_err(|e| ContainerError::Io("make the sandbox's bundle directory", e))?;
-        let root = container.build_root(spec, &host, upper.as_deref())?;
+        let shim = if runtime.kind == Kind::Gvisor && !STATX_SHIM.is_empty() {
+            let path = container.dir.join("statx-shim.so");
+            fs::write(&path, STATX_SHIM)
+                .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o555)))
+                .map_err(|e| ContainerError::Io("write the statx shim", e))?;
+            Some(path)
+        } else {
+            None
+        };
+        let root = container.build_root(spec, &host, upper.as_deref(), shim.is_some())?;
         let config = bundle::config(
             spec,
             runtime.kind,
@@ -193,6 +206,7 @@ impl Container {
                 hostname: &container.id,
                 netns: netns.clone(),
                 id_map: None,
+                shim,
             },
         )?;
         let text = serde_json::to_vec_pretty(&config)
@@ -210,8 +224,25 @@ impl Container {
         spec: &SandboxSpec,
         host: &HostFacts,
         upper: Option<&Path>,
+        shim: bool,
     ) -> Result<String, ContainerError> {
-        let plan = rootfs::guest_plan(spec, host, &self.id);
+        let mut plan = rootfs::guest_plan(spec, host, &self.id);
+        if shim {
+            // Before /etc is sealed (the host template's), if it is.
+            let at = plan
+                .ops
+                .iter()
+                .position(|op| matches!(op, SetupOp::SealTree { path } if path == "etc"))
+                .unwrap_or(plan.ops.len());
+            plan.ops.insert(
+                at,
+                SetupOp::WriteFile {
+                    path: rootfs::PRELOAD_FILE.into(),
+                    contents: format!("{}\n", bundle::SHIM_PATH),
+                    mode: 0o644,
+                },
+            );
+        }
         // SAFETY: the hazard `unshare_unsafe` guards against is FILES, which
         // would leave descriptors this process holds unshared behind std's
         // back; NEWNS alone changes only which mount table this (single-

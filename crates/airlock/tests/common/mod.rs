@@ -37,14 +37,25 @@ pub fn run(args: &[&str]) -> Output {
     run_with_stdin(args, None)
 }
 
+/// The tier the suites run on: `AIRLOCK_TEST_TIER` (scripts/test runs the
+/// hostile suite once per tier), `process` by default. A tier this host
+/// cannot run fails the test with its probe's reason.
+pub fn test_tier() -> String {
+    std::env::var("AIRLOCK_TEST_TIER").unwrap_or_else(|_| "process".into())
+}
+
 /// `airlock run ARGS` feeding `stdin`.
 /// With `AIRLOCK_TEST_TEMPLATE=base` (scripts/test sets it for a second
 /// run of the hostile suite), a run that names no template runs on the
-/// `base` template's root filesystem instead of the host's.
+/// `base` template's root filesystem instead of the host's; with
+/// `AIRLOCK_TEST_TIER`, a run that names no tier runs on that tier.
 pub fn run_with_stdin(args: &[&str], stdin: Option<&[u8]>) -> Output {
     require_root();
     let mut command = Command::new(binary());
     command.arg("run");
+    if !args.contains(&"--tier") {
+        command.arg("--tier").arg(test_tier());
+    }
     if std::env::var("AIRLOCK_TEST_TEMPLATE").as_deref() == Ok("base")
         && !args.contains(&"--template")
     {
