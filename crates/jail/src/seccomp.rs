@@ -151,6 +151,12 @@ pub enum SeccompError {
         /// Number of instructions.
         len: usize,
     },
+    /// A program's bytes are not whole instructions.
+    #[error("a seccomp program of {len} bytes is not whole 8-byte instructions")]
+    Truncated {
+        /// Its length.
+        len: usize,
+    },
     /// `no_new_privs` could not be read.
     #[error("could not read the no_new_privs flag")]
     NoNewPrivsQuery(#[source] io::Error),
@@ -528,6 +534,36 @@ fn jump(code: u16, k: u32, jt: u8, jf: u8) -> seccompiler::sock_filter {
 struct SockFprog {
     len: libc::c_ushort,
     filter: *const seccompiler::sock_filter,
+}
+
+/// `program` as the kernel lays out `struct sock_filter` (code, jt, jf, k in
+/// native byte order, 8 bytes an instruction): how a supervisor hands the
+/// filter to an agent that installs it itself (the OCI tiers).
+pub fn to_bytes(program: &BpfProgram) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(program.len() * 8);
+    for insn in program {
+        bytes.extend_from_slice(&insn.code.to_ne_bytes());
+        bytes.push(insn.jt);
+        bytes.push(insn.jf);
+        bytes.extend_from_slice(&insn.k.to_ne_bytes());
+    }
+    bytes
+}
+
+/// The program [`to_bytes`] wrote.
+pub fn from_bytes(bytes: &[u8]) -> Result<BpfProgram, SeccompError> {
+    if bytes.len() % 8 != 0 {
+        return Err(SeccompError::Truncated { len: bytes.len() });
+    }
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| seccompiler::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect())
 }
 
 /// Installs `program` on the calling thread; its children and everything it
@@ -1717,5 +1753,22 @@ mod tests {
             Ended::Exited(0),
             "1: write, 2: read, 3: spawning /bin/sh failed"
         );
+    }
+
+    #[test]
+    fn a_program_survives_its_byte_form() {
+        let program = sandbox_filter().unwrap();
+        let bytes = to_bytes(&program);
+        assert_eq!(bytes.len(), program.len() * 8);
+        let back = from_bytes(&bytes).unwrap();
+        assert_eq!(back.len(), program.len());
+        assert!(back
+            .iter()
+            .zip(&program)
+            .all(|(a, b)| (a.code, a.jt, a.jf, a.k) == (b.code, b.jt, b.jf, b.k)));
+        assert!(matches!(
+            from_bytes(&bytes[..7]),
+            Err(SeccompError::Truncated { len: 7 })
+        ));
     }
 }

@@ -18,14 +18,18 @@ use airlock_policy::SandboxSpec;
 use oci_spec::runtime::{
     Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder, LinuxIdMappingBuilder,
     LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, ProcessBuilder, RootBuilder,
-    Spec, SpecBuilder, UserBuilder,
+    LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
+    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Where the agent binary appears inside the container.
 pub const AGENT_PATH: &str = "/dev/.airlock-agent";
+
+/// Where the sandbox's seccomp filter appears inside the container, for
+/// the agent to install on itself.
+pub const SECCOMP_PATH: &str = "/dev/.airlock-seccomp";
 
 /// Where the gvisor tier's statx shim appears inside the container (named
 /// by the sandbox's `/etc/ld.so.preload`; see `compat/statx-shim.c`).
@@ -61,8 +65,11 @@ pub const MASKED_PATHS: &[&str] = &[
     "/sys/firmware",
 ];
 
-/// procfs paths made read-only.
+/// Paths made read-only once the runtime has set the container up: its
+/// `/dev` (the devices and mount points are made; nothing more is, as the
+/// process tier seals its own) and procfs entries.
 pub const READONLY_PATHS: &[&str] = &[
+    "/dev",
     "/proc/bus",
     "/proc/fs",
     "/proc/irq",
@@ -87,6 +94,8 @@ pub struct Placement<'a> {
     pub agent: &'a Path,
     /// The sandbox's hostname (its id).
     pub hostname: &'a str,
+    /// The runtime the bundle is for.
+    pub kind: Kind,
     /// A network namespace to join (the egress namespace of a sandbox that
     /// may reach the network); `None` gives the container a namespace of
     /// its own with loopback only.
@@ -96,6 +105,15 @@ pub struct Placement<'a> {
     pub id_map: Option<(u32, u32)>,
     /// The statx shim on the host, bound at [`SHIM_PATH`] (gvisor tier).
     pub shim: Option<PathBuf>,
+    /// The seccomp filter on the host, bound at [`SECCOMP_PATH`].
+    pub seccomp: Option<PathBuf>,
+    /// Whether the root is read-only (the `host` template's, where only
+    /// [`Placement::writable`] may be written, as Landlock allows on the
+    /// process tier).
+    pub read_only_root: bool,
+    /// Host directories bound read-write at the sandbox paths they name
+    /// (the writable places of a read-only root).
+    pub writable: Vec<(PathBuf, String)>,
 }
 
 /// The bundle could not be described.
@@ -129,11 +147,7 @@ fn namespace(
 }
 
 /// The runtime's file systems and the agent.
-fn mounts(
-    spec: &SandboxSpec,
-    agent: &Path,
-    shim: Option<&Path>,
-) -> Result<Vec<Mount>, BundleError> {
+fn mounts(spec: &SandboxSpec, placement: &Placement<'_>) -> Result<Vec<Mount>, BundleError> {
     let shm_size = (spec.limits.memory_bytes / 2).clamp(1 << 20, 64 << 20);
     let shm = format!("size={shm_size}");
     let bind = |source: &Path, destination: &str| {
@@ -144,6 +158,10 @@ fn mounts(
             .options(["bind", "ro", "nosuid", "nodev"].map(String::from).to_vec())
             .build()
     };
+    // runc seals /dev through READONLY_PATHS once it is set up. gVisor
+    // takes no read-only paths and cannot set up a /dev mounted read-only:
+    // there root may add nodes to /dev, which name only gVisor's own few
+    // devices (no block device exists in its kernel).
     let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount(
@@ -176,12 +194,65 @@ fn mounts(
             "sysfs",
             &["nosuid", "noexec", "nodev", "ro"],
         )?,
-        bind(agent, AGENT_PATH)?,
+        bind(placement.agent, AGENT_PATH)?,
     ];
-    if let Some(shim) = shim {
+    if let Some(shim) = &placement.shim {
         mounts.push(bind(shim, SHIM_PATH)?);
     }
+    if let Some(seccomp) = &placement.seccomp {
+        mounts.push(bind(seccomp, SECCOMP_PATH)?);
+    }
+    for (source, destination) in &placement.writable {
+        mounts.push(
+            MountBuilder::default()
+                .destination(destination)
+                .typ("bind")
+                .source(source)
+                .options(
+                    ["rbind", "rw", "nosuid", "nodev"]
+                        .map(String::from)
+                        .to_vec(),
+                )
+                .build()?,
+        );
+    }
     Ok(mounts)
+}
+
+/// Host tasks a gVisor sandbox needs beyond its guest's: the sentry's and
+/// gofer's threads and the runtime's own process.
+pub const GVISOR_HOST_TASKS: u32 = 256;
+
+/// The pids limit of a sandbox's host cgroup. Under gVisor every guest
+/// task is a host thread beside the sentry's own, so the host cgroup gets
+/// room for twice the guest's (root's and `user`'s are counted apart, see
+/// [`rlimits`]) and the sentry's; runc's container is the host's tasks.
+pub fn host_pids(spec: &SandboxSpec, kind: Kind) -> u32 {
+    match kind {
+        Kind::Gvisor => spec
+            .limits
+            .pids
+            .saturating_mul(8)
+            .saturating_add(GVISOR_HOST_TASKS),
+        Kind::Runc => spec.limits.pids,
+    }
+}
+
+/// The init's rlimits, inherited by everything the agent starts. Under
+/// gVisor the guest's pids limit is gVisor's own RLIMIT_NPROC (per user,
+/// as Linux counts it); the host cgroup's only keeps the sentry in bounds.
+fn rlimits(
+    spec: &SandboxSpec,
+    kind: Kind,
+) -> Result<Vec<oci_spec::runtime::PosixRlimit>, BundleError> {
+    Ok(match kind {
+        Kind::Gvisor => vec![PosixRlimitBuilder::default()
+            .typ(PosixRlimitType::RlimitNproc)
+            .soft(u64::from(spec.limits.pids))
+            .hard(u64::from(spec.limits.pids))
+            .build()?],
+        Kind::Runc => Vec::new(),
+    })
 }
 
 /// `config.json` of sandbox `spec` placed as `placement` says.
@@ -191,11 +262,18 @@ pub fn config(
     placement: &Placement<'_>,
 ) -> Result<Spec, BundleError> {
     let capabilities: HashSet<Capability> = AGENT_CAPABILITIES.iter().copied().collect();
-    let channel = channel_fd(kind).to_string();
+    let mut args = vec![
+        AGENT_PATH.to_owned(),
+        "--fd".into(),
+        channel_fd(kind).to_string(),
+    ];
+    if placement.seccomp.is_some() {
+        args.extend(["--seccomp".to_owned(), SECCOMP_PATH.to_owned()]);
+    }
     let process = ProcessBuilder::default()
         .terminal(false)
         .user(UserBuilder::default().uid(0u32).gid(0u32).build()?)
-        .args(vec![AGENT_PATH.to_owned(), "--fd".into(), channel])
+        .args(args)
         .env(Vec::<String>::new())
         .cwd("/")
         .capabilities(
@@ -208,6 +286,7 @@ pub fn config(
                 .build()?,
         )
         .no_new_privileges(true)
+        .rlimits(rlimits(spec, kind)?)
         .build()?;
     let mut namespaces = vec![
         namespace(LinuxNamespaceType::Pid, None)?,
@@ -283,11 +362,11 @@ pub fn config(
         .root(
             RootBuilder::default()
                 .path(placement.root)
-                .readonly(false)
+                .readonly(placement.read_only_root)
                 .build()?,
         )
         .hostname(placement.hostname)
-        .mounts(mounts(spec, placement.agent, placement.shim.as_deref())?)
+        .mounts(mounts(spec, placement)?)
         .process(process)
         .linux(linux)
         .build()?)
@@ -304,9 +383,13 @@ pub fn probe_config(root: &Path, agent: &Path, kind: Kind) -> Result<String, Bun
             root,
             agent,
             hostname: "airlock-probe",
+            kind,
             netns: None,
             id_map: None,
             shim: None,
+            seccomp: None,
+            read_only_root: false,
+            writable: Vec::new(),
         },
     )?;
     if let Some(process) = config.process_mut() {
@@ -330,9 +413,13 @@ mod tests {
             root,
             agent,
             hostname: "sbx-1",
+            kind: Kind::Gvisor,
             netns,
             id_map: None,
             shim: None,
+            seccomp: None,
+            read_only_root: false,
+            writable: Vec::new(),
         }
     }
 

@@ -50,7 +50,7 @@ pub enum ContainerError {
     Bundle(#[from] bundle::BundleError),
     #[error("cannot {0}")]
     Io(&'static str, #[source] io::Error),
-    #[error("the sandbox's root could not be built: {0}")]
+    #[error("sandbox setup failed: {0}")]
     Root(String),
     #[error("{runtime} did not run the sandbox: {message}")]
     Refused { runtime: String, message: String },
@@ -70,6 +70,7 @@ pub struct Prepared {
     layout: CgroupLayout,
     host: HostFacts,
     agent: PathBuf,
+    seccomp: Vec<u8>,
 }
 
 /// A running sandbox of an OCI tier.
@@ -106,10 +107,12 @@ impl Container {
         if let Err(e) = fs::metadata(&agent) {
             return Err(LaunchError::AgentMissing(agent, e).into());
         }
+        let seccomp = airlock_jail::seccomp::sandbox_filter().map_err(LaunchError::Seccomp)?;
         Ok(Prepared {
             layout,
             host: HostFacts::gather(),
             agent,
+            seccomp: airlock_jail::seccomp::to_bytes(&seccomp),
         })
     }
 
@@ -135,6 +138,7 @@ impl Container {
             layout,
             host,
             agent,
+            seccomp,
         } = prepared;
         let mut slot = runtime_dir.acquire_slot().map_err(LaunchError::from)?;
         slot.record(&SlotRecord {
@@ -148,7 +152,7 @@ impl Container {
             CgroupLimits {
                 memory_bytes: spec.limits.memory_bytes,
                 cpu_millis: spec.limits.cpu_millis,
-                pids: spec.limits.pids,
+                pids: bundle::host_pids(spec, runtime.kind),
             },
         ) {
             Ok(cgroup) => cgroup,
@@ -196,7 +200,25 @@ impl Container {
         } else {
             None
         };
-        let root = container.build_root(spec, &host, upper.as_deref(), shim.is_some())?;
+        let seccomp_file = container.dir.join("seccomp.bpf");
+        fs::write(&seccomp_file, &seccomp)
+            .map_err(|e| ContainerError::Io("write the seccomp filter", e))?;
+        let (root, writable) =
+            container.build_root(spec, &host, upper.as_deref(), shim.is_some())?;
+        // The host template's root is read-only but for the places the
+        // plan makes writable (Landlock's job on the process tier), each
+        // bound read-write; the kernel's own file systems come from the
+        // runtime.
+        let read_only_root = matches!(spec.template, Template::Host);
+        let writable = if read_only_root {
+            writable
+                .iter()
+                .filter(|p| !p.starts_with("/dev") && !p.starts_with("/proc") && p.as_str() != "/")
+                .map(|p| (Path::new(&root).join(p.trim_start_matches('/')), p.clone()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let config = bundle::config(
             spec,
             runtime.kind,
@@ -204,9 +226,13 @@ impl Container {
                 root: Path::new(&root),
                 agent: &agent,
                 hostname: &container.id,
+                kind: runtime.kind,
                 netns: netns.clone(),
                 id_map: None,
                 shim,
+                seccomp: Some(seccomp_file),
+                read_only_root,
+                writable,
             },
         )?;
         let text = serde_json::to_vec_pretty(&config)
@@ -218,14 +244,14 @@ impl Container {
     }
 
     /// Builds the root in a mount namespace of this process's own and
-    /// returns its path.
+    /// returns its path and the sandbox paths the plan makes writable.
     fn build_root(
         &mut self,
         spec: &SandboxSpec,
         host: &HostFacts,
         upper: Option<&Path>,
         shim: bool,
-    ) -> Result<String, ContainerError> {
+    ) -> Result<(String, Vec<String>), ContainerError> {
         let mut plan = rootfs::guest_plan(spec, host, &self.id);
         if shim {
             // Before /etc is sealed (the host template's), if it is.
@@ -288,7 +314,7 @@ impl Container {
         let mut dir = RootDir::open(Path::new(&root), sources)
             .map_err(|e| ContainerError::Root(e.to_string()))?;
         rootfs::apply(&plan, &mut dir).map_err(|e| ContainerError::Root(e.to_string()))?;
-        Ok(root)
+        Ok((root, plan.writable))
     }
 
     /// Runs the bundle: the runtime's `run` in the foreground, born inside

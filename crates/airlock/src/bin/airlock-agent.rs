@@ -4,10 +4,15 @@
 //! `airlock-agent` and the protocol. The tiers find it beside the `airlock`
 //! binary (or at `AIRLOCK_AGENT`), as they find a template.
 //!
-//! Usage (by a tier, not by people): `airlock-agent --fd N`, where N is the
-//! descriptor of the channel to the host: 3 or above (the process tier
-//! places it there), or 0 (the OCI runtimes hand a sandbox's init only its
-//! stdio, so the gvisor and oci tiers make its stdin the channel).
+//! Usage (by a tier, not by people): `airlock-agent --fd N [--seccomp FILE]`,
+//! where N is the descriptor of the channel to the host: 3 or above (the
+//! process tier and runc place it there), or 0 (runsc hands a sandbox's
+//! init only its stdio, so the gvisor tier makes its stdin the channel).
+//! With `--seccomp`, the agent installs the sandbox's seccomp filter (a
+//! BPF program its supervisor compiled, `airlock_jail::seccomp::to_bytes`)
+//! on itself before anything else, with no_new_privs, so it and every
+//! process it starts run under it: the OCI tiers' way to the filter the
+//! process tier's launcher installs before it execs the agent.
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
@@ -20,16 +25,23 @@ const EXIT_INTERNAL: u8 = 125;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let fd = match args.as_slice() {
-        [flag, fd] if flag == "--fd" => fd.parse::<RawFd>().ok(),
-        _ => None,
+    let (fd, seccomp) = match args.as_slice() {
+        [flag, fd] if flag == "--fd" => (fd.parse::<RawFd>().ok(), None),
+        [flag, fd, filter, path] if flag == "--fd" && filter == "--seccomp" => {
+            (fd.parse::<RawFd>().ok(), Some(path))
+        }
+        _ => (None, None),
     };
     let Some(fd) = fd.filter(|fd| *fd == 0 || *fd >= 3) else {
-        eprintln!(
-            "airlock-agent: usage: airlock-agent --fd N (N = 0, or a descriptor above stdio)"
-        );
+        eprintln!("airlock-agent: usage: airlock-agent --fd N [--seccomp FILE] (N = 0, or a descriptor above stdio)");
         return ExitCode::from(EXIT_BAD_INPUT);
     };
+    if let Some(path) = seccomp {
+        if let Err(e) = confine(path) {
+            eprintln!("airlock-agent: cannot install the seccomp filter from {path}: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
+        }
+    }
     let fd = if fd == 0 {
         match channel_off_stdin() {
             Ok(fd) => fd,
@@ -54,6 +66,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::from(EXIT_INTERNAL),
     }
+}
+
+/// Sets no_new_privs and installs the filter in `path` on this (still
+/// single-threaded) process.
+fn confine(path: &str) -> Result<(), String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let program = airlock_jail::seccomp::from_bytes(&bytes).map_err(|e| e.to_string())?;
+    rustix::thread::set_no_new_privs(true).map_err(|e| e.to_string())?;
+    airlock_jail::seccomp::install(&program).map_err(|e| e.to_string())
 }
 
 /// Moves the channel from stdin to a descriptor above stdio (close-on-exec,
