@@ -8,7 +8,7 @@
 # sandboxes' writable layers under quotas (crates/jail/src/disk.rs);
 # mmdebstrap (with uidmap for its user namespaces) builds the `base`
 # template from the host's apt sources (crates/layers/src/bootstrap.rs).
-RUNTIME_PACKAGES=(iproute2 nftables python3 btrfs-progs mmdebstrap uidmap)
+RUNTIME_PACKAGES=(iproute2 nftables python3 btrfs-progs mmdebstrap uidmap runsc runc)
 # What building needs beside Rust: a C compiler and a static libc (the binary
 # is linked statically; SQLite is compiled from source).
 BUILD_PACKAGES=(gcc libc6-dev)

@@ -419,12 +419,15 @@ fn watch_bomb(limit: u64, stop: &std::sync::atomic::AtomicBool) -> BombWatch {
                 }
             }
             if watch.pid_ns.is_none() {
+                // The first member not in the host's pid namespace (the
+                // runtime of an OCI tier may have a process of its own
+                // there, runc's init before it enters the sandbox's).
                 watch.pid_ns = std::fs::read_to_string(dir.join("cgroup.procs"))
-                    .ok()
-                    .and_then(|procs| procs.lines().next().map(str::to_owned))
-                    .and_then(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok())
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|pid| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok())
                     .map(|ns| ns.to_string_lossy().into_owned())
-                    .filter(|ns| *ns != host_ns);
+                    .find(|ns| *ns != host_ns);
             }
             if let Some(ns) = &watch.pid_ns {
                 let count = host_pid_namespaces()
@@ -550,8 +553,21 @@ fn disk_fill_hits_enospc_at_the_quota() {
         "dd if=/dev/zero of=/tmp/fill bs=1M count=64 2>&1 | grep -c 'No space left'; du -m /tmp/fill | cut -f1",
     );
     let lines: Vec<&str> = stdout(&value).lines().collect();
-    assert_eq!(lines[0], "1", "{value}");
-    assert!(lines[1].parse::<u32>().unwrap() <= 16, "{value}");
+    let size = lines[1].parse::<u32>().unwrap();
+    if on_gvisor() {
+        // gVisor's kernel answers a full layer under an overlay with EFBIG
+        // (dd dies of SIGXFSZ) where the host's says ENOSPC, and may hold
+        // the last 1 MiB write in its own cache when it does.
+        let refused = lines[0] == "1"
+            || value["stderr"]
+                .as_str()
+                .is_some_and(|e| e.contains("File size limit exceeded"));
+        assert!(refused, "{value}");
+        assert!(size <= 17, "{value}");
+    } else {
+        assert_eq!(lines[0], "1", "{value}");
+        assert!(size <= 16, "{value}");
+    }
 }
 
 #[test]

@@ -295,6 +295,11 @@ pub fn config(
         namespace(LinuxNamespaceType::Mount, None)?,
         namespace(LinuxNamespaceType::Network, placement.netns.clone())?,
     ];
+    if kind == Kind::Runc {
+        // The sandbox sees its own cgroup as the root (gVisor's kernel
+        // shows it none of the host's).
+        namespaces.push(namespace(LinuxNamespaceType::Cgroup, None)?);
+    }
     let mut linux = LinuxBuilder::default();
     if let Some((uid, gid)) = placement.id_map {
         namespaces.push(namespace(LinuxNamespaceType::User, None)?);

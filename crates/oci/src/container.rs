@@ -56,12 +56,19 @@ pub enum ContainerError {
     Refused { runtime: String, message: String },
     #[error("{runtime} did not start the sandbox within {} s", START_TIMEOUT.as_secs())]
     Slow { runtime: String },
+    /// The spec asks for what this tier does not give yet.
+    #[error("{0}")]
+    Unsupported(&'static str),
 }
 
 impl ContainerError {
     /// True when the caller's input was at fault (an API client's 4xx).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, ContainerError::Launch(e) if e.is_bad_input())
+        match self {
+            ContainerError::Launch(e) => e.is_bad_input(),
+            ContainerError::Unsupported(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -86,6 +93,10 @@ pub struct Container {
     slot: Option<Slot>,
     /// The runtime's `run`, which lasts as long as the container.
     child: Option<Child>,
+    /// Its pid (ours to signal until we reap it).
+    runtime_pid: Option<u32>,
+    /// Processes seen in the cgroup when it was killed, to reap at teardown.
+    killed: std::sync::Mutex<Vec<i32>>,
     init_pid: i32,
     channel: Option<UnixStream>,
     mounted: bool,
@@ -131,6 +142,14 @@ impl Container {
         netns: Option<PathBuf>,
     ) -> Result<Container, ContainerError> {
         launch::check_launchable(&id, spec)?;
+        if runtime.kind == Kind::Gvisor && !spec.network.is_none() {
+            // gVisor's netstack would need the egress namespace wired to a
+            // device of its own; until then such a sandbox is refused, not
+            // given a network the policy does not govern.
+            return Err(ContainerError::Unsupported(
+                "the gvisor tier gives sandboxes no network yet: ask for network policy none, or use the process or oci tier",
+            ));
+        }
         if !launch::single_threaded() {
             return Err(LaunchError::NotSingleThreaded.into());
         }
@@ -170,6 +189,8 @@ impl Container {
             disk: None,
             slot: Some(slot),
             child: None,
+            runtime_pid: None,
+            killed: std::sync::Mutex::new(Vec::new()),
             init_pid: 0,
             channel: None,
             mounted: false,
@@ -322,6 +343,11 @@ impl Container {
     /// the runtime has made the container (its pid file is written), or
     /// with the runtime's own reason when it gave up.
     fn start(&mut self, networked: bool) -> Result<(), ContainerError> {
+        // Orphans of the runtime (a container init whose runtime process
+        // was killed first) come to this process, which reaps them at
+        // teardown, rather than to the host's init.
+        rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
+            .map_err(|e| ContainerError::Io("become a subreaper", e.into()))?;
         let (host_end, agent_end) =
             UnixStream::pair().map_err(|e| ContainerError::Io("create the agent channel", e))?;
         let log = fs::File::create(self.dir.join("runtime.log"))
@@ -390,6 +416,7 @@ impl Container {
                 .map_err(LaunchError::from)?;
         }
         drop(command);
+        self.runtime_pid = Some(child.id());
         self.child = Some(child);
         let started = Instant::now();
         loop {
@@ -456,9 +483,22 @@ impl Container {
         self.cgroup.stats()
     }
 
-    /// Kills every process of the sandbox at once (the teardown follows).
+    /// Kills every process of the sandbox at once, and the runtime's own
+    /// (runc's stays outside the cgroup and holds the channel), so the
+    /// agent's channel closes (the teardown follows).
     pub fn kill(&self) {
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(self.cgroup.pids());
         let _ = self.cgroup.kill_all(Duration::from_secs(5));
+        if let Some(pid) = self
+            .runtime_pid
+            .and_then(|p| rustix::process::Pid::from_raw(p as i32))
+        {
+            // Our unreaped child: its pid cannot have been reused.
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
     }
 
     /// Releases everything the sandbox holds. Idempotent.
@@ -467,13 +507,27 @@ impl Container {
             return Ok(());
         }
         let mut left = Vec::new();
+        // Killed processes whose parent died with them are reparented to
+        // this process (a subreaper, see `start`) and reaped here, so no
+        // zombie of the sandbox outlives it.
+        let mut members =
+            std::mem::take(&mut *self.killed.lock().unwrap_or_else(|p| p.into_inner()));
+        members.extend(self.cgroup.pids());
         if self.cgroup.kill_all(Duration::from_secs(10)).is_err() {
             left.push("processes");
         }
         if let Some(mut child) = self.child.take() {
+            // The runtime reaps the container's init once it is killed and
+            // then exits; it is given a moment for that (a zombie it left
+            // to the host's init would outlive the teardown), then killed.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
+        reap(&members);
         if self.mounted {
             // A lazy unmount of the stage takes the root and everything
             // mounted in it; the runtime's processes, which held copies,
@@ -519,6 +573,27 @@ impl Container {
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = self.teardown();
+    }
+}
+
+/// Reaps those of `pids` that are (now) this process's children and have
+/// exited, giving each a short while.
+fn reap(pids: &[i32]) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for &pid in pids {
+        let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        loop {
+            match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG) {
+                // Not exited yet (killed, on its way): look again shortly.
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                // Reaped, not our child (ECHILD), or out of time.
+                _ => break,
+            }
+        }
     }
 }
 

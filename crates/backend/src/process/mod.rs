@@ -670,7 +670,12 @@ impl Backend for ProcessBackend {
     }
 
     fn warm(&self) {
-        self.refill(SpareKind::Plain);
+        // The process tier's spare waits from the start; another tier's
+        // first spare is started by its first create, so a daemon whose
+        // sandboxes never use a tier keeps no supervisor waiting for it.
+        if self.runner == Runner::Jail {
+            self.refill(SpareKind::Plain);
+        }
     }
 
     fn shutdown(&self) {
