@@ -552,7 +552,7 @@ pub fn to_bytes(program: &BpfProgram) -> Vec<u8> {
 
 /// The program [`to_bytes`] wrote.
 pub fn from_bytes(bytes: &[u8]) -> Result<BpfProgram, SeccompError> {
-    if bytes.len() % 8 != 0 {
+    if !bytes.len().is_multiple_of(8) {
         return Err(SeccompError::Truncated { len: bytes.len() });
     }
     Ok(bytes

@@ -56,6 +56,11 @@ pub enum ContainerError {
     Refused { runtime: String, message: String },
     #[error("{runtime} did not start the sandbox within {} s", START_TIMEOUT.as_secs())]
     Slow { runtime: String },
+    /// The runtime's binary cannot be run.
+    #[error(
+        "cannot run {0}: install it (apt-get install runsc / runc) or name another with --runtime"
+    )]
+    RuntimeMissing(PathBuf, #[source] io::Error),
     /// The spec asks for what this tier does not give yet.
     #[error("{0}")]
     Unsupported(&'static str),
@@ -398,19 +403,26 @@ impl Container {
             .arg(&self.id)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
-        // On cgroup v1 the child is born in the cgroup (this thread steps in
-        // for the fork and back out); on v2 it is moved right after.
-        let way_back = self
-            .cgroup
-            .enter_with_current_thread()
-            .map_err(LaunchError::from)?;
+        // runsc is told to leave cgroups alone, so it is born in the
+        // sandbox's (on cgroup v1 this thread steps in for the fork and
+        // back out; on v2 the child is moved right after) and every process
+        // of gVisor's is counted there. runc puts the container in it
+        // itself (the bundle's cgroupsPath) and stays outside.
+        let way_back = match self.runtime.kind {
+            Kind::Gvisor => self
+                .cgroup
+                .enter_with_current_thread()
+                .map_err(LaunchError::from)?,
+            Kind::Runc => None,
+        };
         let spawned = command.spawn();
         if let Some(way_back) = &way_back {
             way_back.go().map_err(LaunchError::from)?;
         }
         drop(held);
-        let child = spawned.map_err(|e| ContainerError::Io("start the runtime", e))?;
-        if way_back.is_none() {
+        let child =
+            spawned.map_err(|e| ContainerError::RuntimeMissing(self.runtime.binary.clone(), e))?;
+        if way_back.is_none() && self.runtime.kind == Kind::Gvisor {
             self.cgroup
                 .add_process(child.id())
                 .map_err(LaunchError::from)?;

@@ -1,0 +1,191 @@
+//! The tiers beyond `process` through the daemon: a gvisor sandbox runs
+//! gVisor's kernel, survives a daemon killed with -9, and leaves nothing
+//! when its runtime is killed; an oci sandbox runs under runc. The hostile
+//! suite runs on every tier too (scripts/test, `AIRLOCK_TEST_TIER`).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::daemon::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// The pids in sandbox `id`'s cgroup (the runtime's and the sandbox's).
+fn cgroup_pids(id: &str) -> Vec<u32> {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/pids/airlock/{id}/cgroup.procs"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/airlock/{id}/cgroup.procs")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Nothing of `id` is left, and no bundle or runtime state either.
+fn assert_gone_with_its_bundle(id: &str) {
+    assert_sandbox_gone(id);
+    let dir = std::path::Path::new("/run/airlock/containers").join(id);
+    assert!(!dir.exists(), "{} survived its sandbox", dir.display());
+}
+
+#[test]
+fn a_gvisor_sandbox_runs_gvisors_kernel_and_goes_whole() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"tier": "gvisor"}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["tier"], "gvisor", "{created}");
+    // gVisor's kernel answers, under its own fixed name (its boot log is
+    // the syslog(2) the seccomp filter denies), not the host's.
+    let (release, code) = daemon.sh_out(&id, "uname -rv");
+    assert_eq!(code, 0, "{release}");
+    assert_eq!(release, "4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016\n");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(!release.contains(host.trim()), "{release}");
+    // Files go through the same agent calls as on every tier.
+    let put = daemon.call_as(
+        Some(&daemon.key),
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files?path=/home/user/in.txt"),
+        Some(b"through gVisor"),
+        Some("application/octet-stream"),
+        &[],
+    );
+    assert!(put.status < 300, "{}", put.text());
+    assert_eq!(
+        daemon.sh_out(&id, "cat /home/user/in.txt; echo; ls -l /home/user | wc -l"),
+        ("through gVisor\n2\n".into(), 0)
+    );
+    // A syscall the host's kernel (and the seccomp filter) allows but
+    // gVisor does not implement fails cleanly, and the sandbox goes on.
+    let (out, code) = daemon.sh_out(
+        &id,
+        "python3 -c 'import ctypes, os; l = ctypes.CDLL(None, use_errno=True); r = l.syscall(122, -1); print(r, ctypes.get_errno())'; echo alive",
+    );
+    assert_eq!((out.as_str(), code), ("-1 38\nalive\n", 0));
+    let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!(deleted.status < 300, "{}", deleted.text());
+    assert_gone_with_its_bundle(&id);
+}
+
+#[test]
+fn a_gvisor_sandbox_whose_runtime_is_killed_leaves_nothing() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"tier": "gvisor"}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(daemon.sh_out(&id, "echo up"), ("up\n".into(), 0));
+    // gVisor's sandbox process (its kernel, the sentry), killed -9.
+    let sentry = cgroup_pids(&id)
+        .into_iter()
+        .find(|pid| cmdline(*pid).contains("runsc-sandbox") || cmdline(*pid).contains(" boot "))
+        .unwrap_or_else(|| panic!("no runsc sandbox process among {:?}", cgroup_pids(&id)));
+    // SAFETY: kill(2) of a process we found by its command line.
+    unsafe {
+        libc::kill(sentry as i32, libc::SIGKILL);
+    }
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(20), || {
+            daemon
+                .call("GET", &format!("/v1/sandboxes/{id}"), None)
+                .json()["state"]
+                == "dead"
+        }),
+        "the sandbox never ended: {}",
+        daemon
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .text()
+    );
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(20), || supervisors(&id).is_empty()),
+        "its supervisor lives on"
+    );
+    assert_gone_with_its_bundle(&id);
+    let metrics = daemon.call("GET", "/metrics", None).text();
+    assert!(metrics.contains("airlock_leaked_resources 0"), "{metrics}");
+}
+
+#[test]
+fn a_daemon_killed_with_live_gvisor_sandboxes_adopts_them() {
+    let _serial = serial();
+    let cleanup = SupervisorCleanup::default();
+    let mut daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"tier": "gvisor"}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    cleanup.add(&id);
+    assert_eq!(
+        daemon.sh_out(&id, "echo before > /tmp/kept; echo ok"),
+        ("ok\n".into(), 0)
+    );
+    daemon.kill9();
+    daemon.restart();
+    // The same sandbox, its kernel and files as they were.
+    let seen = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(seen.json()["state"], "running", "{}", seen.text());
+    assert_eq!(seen.json()["tier"], "gvisor", "{}", seen.text());
+    assert_eq!(daemon.sh_out(&id, "cat /tmp/kept"), ("before\n".into(), 0));
+    let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!(deleted.status < 300, "{}", deleted.text());
+    assert_gone_with_its_bundle(&id);
+}
+
+#[test]
+fn an_oci_sandbox_runs_under_runc_with_the_agent_as_init() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    let created = daemon.create(json!({"tier": "oci"}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(created["tier"], "oci", "{created}");
+    let (out, code) = daemon.sh_out(
+        &id,
+        "tr '\\0' ' ' < /proc/1/cmdline; cat /proc/self/cgroup | grep -c sbx-",
+    );
+    assert_eq!(
+        (out.as_str(), code),
+        (
+            "/dev/.airlock-agent --fd 3 --seccomp /dev/.airlock-seccomp 0\n",
+            1
+        ),
+        "{out}"
+    );
+    // runc runs it from the supervisor, outside the sandbox's cgroup.
+    let runc = supervisors(&id)
+        .iter()
+        .any(|s| cmdline(*s).contains("--tier oci"));
+    assert!(runc, "no oci supervisor for {id}");
+    let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!(deleted.status < 300, "{}", deleted.text());
+    assert_gone_with_its_bundle(&id);
+}
+
+#[test]
+fn a_gvisor_sandbox_with_network_is_refused_with_a_reason() {
+    let daemon = TestDaemon::start(&[]);
+    let refused = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"tier": "gvisor", "network": {"mode": "open"}})),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(
+        refused
+            .text()
+            .contains("gvisor tier gives sandboxes no network yet"),
+        "{}",
+        refused.text()
+    );
+    let listed = daemon.call("GET", "/v1/sandboxes", None).json();
+    assert!(
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "dead"),
+        "{listed}"
+    );
+}
