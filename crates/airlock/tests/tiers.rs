@@ -138,7 +138,26 @@ fn a_daemon_killed_with_live_gvisor_sandboxes_adopts_them() {
 fn an_oci_sandbox_runs_under_runc_with_the_agent_as_init() {
     let _serial = serial();
     let daemon = TestDaemon::start(&[]);
-    let created = daemon.create(json!({"tier": "oci"}));
+    // Through the CLI, which names the tier.
+    let out = std::process::Command::new(common::binary())
+        .args([
+            "create",
+            "--tier",
+            "oci",
+            "--json",
+            "--url",
+            &daemon.url,
+            "--api-key",
+            &daemon.key,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let id = created["id"].as_str().unwrap().to_owned();
     assert_eq!(created["tier"], "oci", "{created}");
     let (out, code) = daemon.sh_out(

@@ -20,6 +20,10 @@ pub struct CreateArgs {
     /// Root filesystem template, by the daemon's name for it.
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
+    /// Isolation tier: process (the default), oci or gvisor (`airlock
+    /// tiers` lists what the daemon can run).
+    #[arg(long, value_name = "TIER")]
+    tier: Option<String>,
     /// Memory limit, e.g. `512M`.
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     memory: Option<String>,
@@ -150,6 +154,9 @@ fn create_body(args: &CreateArgs) -> Value {
     let mut body = Map::new();
     if let Some(template) = &args.template {
         body.insert("template".into(), json!(template));
+    }
+    if let Some(tier) = &args.tier {
+        body.insert("tier".into(), json!(tier));
     }
     if let Some(timeout) = args.timeout {
         body.insert("timeout_s".into(), json!(timeout));
