@@ -524,6 +524,7 @@ mod tests {
     fn create_sends_only_what_was_given() {
         let args = CreateArgs {
             template: None,
+            tier: Some("gvisor".into()),
             memory: Some("256M".into()),
             cpus: Some(0.5),
             pids: None,
@@ -537,7 +538,7 @@ mod tests {
         };
         assert_eq!(
             create_body(&args),
-            json!({"timeout_s": 600, "limits": {"memory": "256M", "cpus": 0.5},
+            json!({"tier": "gvisor", "timeout_s": 600, "limits": {"memory": "256M", "cpus": 0.5},
                    "env": {"A": "1"}, "metadata": {"owner": "me"}})
         );
     }
@@ -547,6 +548,7 @@ mod tests {
         let with = |net: NetArgs| {
             create_body(&CreateArgs {
                 template: None,
+                tier: None,
                 memory: None,
                 cpus: None,
                 pids: None,

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Benchmark of the isolation tiers (issue 13), in one run against one daemon:
+
+- per tier, create + exec `true` + destroy through the API (template
+  `host`, interleaved), against the raw runtime running a bundle of the
+  same shape with `true` as its init (`runsc run`, `runc run`): targets
+  gvisor <= 1.1x raw runsc and oci <= 1.2x raw runc at p50;
+- the cost of gVisor's boundary on agent work, gvisor against process in
+  one live sandbox each: `python3 -c 'import json, sqlite3'`, 1,000 files
+  written and read back, `pip --version`;
+- the memory (PSS) of an idle sandbox of each tier: every process in its
+  cgroup (for gvisor: runsc, the sentry, the gofer).
+
+Needs root, runsc, runc and busybox-static (./scripts/deps). Usage:
+    python3 bench/tiers.py [--airlock PATH] [-n 30] [--json]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon import Client, default_airlock, summary, verdict  # noqa: E402
+from templates import Daemon  # noqa: E402
+
+TARGETS = {"gvisor": 1.1, "oci": 1.2}
+WORK = {
+    "python3 -c 'import json, sqlite3'": "python3 -c 'import json, sqlite3'",
+    "1,000 files written and read": "python3 -c \"import os\n"
+    "os.makedirs('/tmp/w', exist_ok=True)\n"
+    "for i in range(1000):\n    open(f'/tmp/w/{i}', 'w').write('x' * 100)\n"
+    "assert sum(len(open(f'/tmp/w/{i}').read()) for i in range(1000)) == 100000\"",
+    "pip --version": "python3 -m pip --version",
+}
+
+
+def raw_bundle(tmp, kind):
+    """A bundle whose root holds busybox and whose init is `true`."""
+    root = os.path.join(tmp, f"raw-{kind}", "root")
+    os.makedirs(os.path.join(root, "bin"))
+    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    os.symlink("busybox", os.path.join(root, "bin", "true"))
+    config = {
+        "ociVersion": "1.0.2",
+        "root": {"path": root, "readonly": True},
+        "process": {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["/bin/true"],
+                    "env": [], "cwd": "/", "noNewPrivileges": True},
+        "hostname": "raw",
+        "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                   {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                    "options": ["nosuid", "mode=755"]}],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")]},
+    }
+    bundle = os.path.dirname(root)
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(config, f)
+    return bundle
+
+
+def raw_run(kind, bundle, n):
+    state = os.path.join(bundle, "state")
+    if kind == "gvisor":
+        cmd = ["runsc", "--root", state, "--platform", "ptrace", "--network", "none",
+               "--ignore-cgroups", "run", "--bundle", bundle]
+    else:
+        cmd = ["runc", "--root", state, "run", "--bundle", bundle]
+    times = []
+    for i in range(n + 3):
+        t0 = time.monotonic()
+        subprocess.run(cmd + [f"raw-{i}"], check=True, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if i >= 3:  # warm-up
+            times.append(time.monotonic() - t0)
+    return times
+
+
+def pss_kib(sid):
+    for root in ("/sys/fs/cgroup/pids/airlock", "/sys/fs/cgroup/airlock"):
+        procs = os.path.join(root, sid, "cgroup.procs")
+        if os.path.exists(procs):
+            break
+    total = 0
+    with open(procs) as f:
+        pids = [p.strip() for p in f if p.strip()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def exec_ms(client, sid, script):
+    t0 = time.monotonic()
+    status, payload = client._request("POST", f"/v1/sandboxes/{sid}/exec",
+                                      {"cmd": "/bin/sh", "args": ["-c", script]})
+    elapsed = (time.monotonic() - t0) * 1000
+    if status != 200 or '"exit_code":0' not in payload.replace(" ", ""):
+        raise SystemExit(f"{script!r} failed in {sid}: {status} {payload[-300:]}")
+    return elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--airlock", default=default_airlock())
+    parser.add_argument("-n", type=int, default=30, help="cycles per tier")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/tiers.py needs root (sandboxes, runtimes)")
+    tmp = tempfile.mkdtemp(prefix="airlock-bench-tiers-")
+    daemon = Daemon(args.airlock)
+    try:
+        client = Client(daemon)
+        tiers = ("process", "oci", "gvisor")
+        for _ in range(3):  # warm-up (and each tier's first spare)
+            for t in tiers:
+                sid = client.create({"tier": t})
+                client.exec_true(sid)
+                client.delete(sid)
+        times = {t: [] for t in tiers}
+        for _ in range(args.n):
+            for t in tiers:
+                t0 = time.monotonic()
+                sid = client.create({"tier": t})
+                client.exec_true(sid)
+                client.delete(sid)
+                times[t].append(time.monotonic() - t0)
+        raw = {k: summary(raw_run(k, raw_bundle(tmp, k), args.n)) for k in ("gvisor", "oci")}
+        stats = {t: summary(v) for t, v in times.items()}
+        work = {}
+        live = {t: client.create({"tier": t}) for t in ("process", "gvisor")}
+        for label, script in WORK.items():
+            per = {}
+            for t, sid in live.items():
+                exec_ms(client, sid, script)  # warm the page cache
+                per[t] = min(exec_ms(client, sid, script) for _ in range(3))
+            work[label] = per
+        time.sleep(1)
+        idle = {t: pss_kib(sid) for t, sid in live.items()}
+        sid = client.create({"tier": "oci"})
+        time.sleep(1)
+        idle["oci"] = pss_kib(sid)
+        client.delete(sid)
+        for sid in live.values():
+            client.delete(sid)
+        res = {"n": args.n, "stats": stats, "raw": raw, "work": work, "idle_pss_kib": idle}
+    finally:
+        daemon.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"airlock tiers benchmark: {args.airlock} ({os.cpu_count()} cores, n={args.n})")
+    for t in ("process", "oci", "gvisor"):
+        s = res["stats"][t]
+        print(f"  create+exec+destroy on {t:<8} p50 {s['p50_ms']:8.2f} ms  p99 {s['p99_ms']:8.2f} ms")
+    for k, name in (("oci", "runc"), ("gvisor", "runsc")):
+        r = res["raw"][k]
+        ratio = res["stats"][k]["p50_ms"] / r["p50_ms"]
+        print(f"  raw `{name} run` of `true`           p50 {r['p50_ms']:8.2f} ms  p99 {r['p99_ms']:8.2f} ms"
+              f"  -> {k}/raw {ratio:.2f}x (target <= {TARGETS[k]}x) {verdict(ratio <= TARGETS[k])}")
+    print("  agent work, gvisor against process (best of 3):")
+    for label, per in res["work"].items():
+        print(f"    {label:<36} process {per['process']:8.1f} ms  gvisor {per['gvisor']:8.1f} ms"
+              f"  -> {per['gvisor'] / per['process']:.2f}x")
+    for t, kib in res["idle_pss_kib"].items():
+        print(f"  idle sandbox PSS on {t:<8} {kib / 1024:7.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
