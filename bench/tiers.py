@@ -103,6 +103,10 @@ def exec_ms(client, sid, script):
     status, payload = client._request("POST", f"/v1/sandboxes/{sid}/exec",
                                       {"cmd": "/bin/sh", "args": ["-c", script]})
     elapsed = (time.monotonic() - t0) * 1000
+    if isinstance(payload, (bytes, bytearray)):
+        payload = payload.decode(errors="replace")
+    elif not isinstance(payload, str):
+        payload = json.dumps(payload)
     if status != 200 or '"exit_code":0' not in payload.replace(" ", ""):
         raise SystemExit(f"{script!r} failed in {sid}: {status} {payload[-300:]}")
     return elapsed
