@@ -190,6 +190,15 @@ impl ProcessBackend {
         self.runtime.sockets().join(&self.owner)
     }
 
+    /// The ids of sandboxes whose launcher is alive (it holds its slot).
+    fn live_ids(&self) -> HashSet<String> {
+        self.runtime
+            .live_records()
+            .into_iter()
+            .map(|r| r.id)
+            .collect()
+    }
+
     /// The sandbox ids with a bundle directory (OCI tiers).
     fn container_dirs(&self) -> Vec<String> {
         std::fs::read_dir(self.runtime.containers())
@@ -901,12 +910,7 @@ impl Backend for ProcessBackend {
         if let Runner::Oci(_) = self.runner {
             // Bundles and runtime state of sandboxes neither kept nor
             // running (a supervisor killed before its teardown).
-            let live: HashSet<String> = self
-                .runtime
-                .live_records()
-                .into_iter()
-                .map(|r| r.id)
-                .collect();
+            let live = self.live_ids();
             for id in self.container_dirs() {
                 if !keep.contains(&id)
                     && !live.contains(&id)
@@ -943,12 +947,7 @@ impl Backend for ProcessBackend {
             // Writable layers on disk of sandboxes that are neither kept nor
             // running (a supervisor killed before its teardown).
             if let Some(disk) = self.disk.clone() {
-                let live: HashSet<String> = self
-                    .runtime
-                    .live_records()
-                    .into_iter()
-                    .map(|r| r.id)
-                    .collect();
+                let live = self.live_ids();
                 for id in disk.ids() {
                     if !keep.contains(&id) && !live.contains(&id) && disk.remove(&id).is_ok() {
                         reconciled.removed.push(id);
