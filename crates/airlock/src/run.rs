@@ -214,7 +214,7 @@ fn serve_egress(
         events,
     )
     .map_err(|e| error_chain(&e))?;
-    let netns = std::path::PathBuf::from(format!("/proc/{}/ns/net", jail.init_pid()));
+    let netns = jail.egress_netns();
     egress
         .attach(jail.id(), &netns, spec.network.clone())
         .map_err(|e| error_chain(&e))

@@ -30,6 +30,18 @@ impl Sandbox {
         }
     }
 
+    /// The network namespace its egress path binds in (meaningful for a
+    /// sandbox with network).
+    pub fn egress_netns(&self) -> PathBuf {
+        let of_init = || PathBuf::from(format!("/proc/{}/ns/net", self.init_pid()));
+        match self {
+            Sandbox::Jail(_) => of_init(),
+            Sandbox::Container(container) => container
+                .egress_netns()
+                .map_or_else(of_init, Path::to_path_buf),
+        }
+    }
+
     pub fn take_channel(&mut self) -> Option<std::os::unix::net::UnixStream> {
         match self {
             Sandbox::Jail(jail) => jail.take_channel(),

@@ -1,6 +1,7 @@
 //! The tiers beyond `process` through the daemon: a gvisor sandbox runs
-//! gVisor's kernel, survives a daemon killed with -9, and leaves nothing
-//! when its runtime is killed; an oci sandbox runs under runc. The hostile
+//! gVisor's kernel, survives a daemon killed with -9, leaves nothing when
+//! its runtime is killed, and reaches the network only through its guest
+//! link; an oci sandbox runs under runc. The hostile
 //! suite runs on every tier too (scripts/test, `AIRLOCK_TEST_TIER`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -182,29 +183,70 @@ fn an_oci_sandbox_runs_under_runc_with_the_agent_as_init() {
     assert_gone_with_its_bundle(&id);
 }
 
+/// The host's first global IPv4 address.
+fn host_address() -> String {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "scope", "global"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|a| a.split('/').next())
+        .map(str::to_owned)
+        .expect("the host has a global IPv4 address")
+}
+
 #[test]
-fn a_gvisor_sandbox_with_network_is_refused_with_a_reason() {
+fn a_gvisor_sandbox_reaches_the_network_only_through_its_guest_link() {
+    let _serial = serial();
+    // A listener on every host address: the sandbox must not reach it.
+    let host = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let port = host.local_addr().unwrap().port();
+    let address = host_address();
     let daemon = TestDaemon::start(&[]);
-    let refused = daemon.call(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"tier": "gvisor", "network": {"mode": "open"}})),
+    let created = daemon.create(json!({"tier": "gvisor", "network": {"mode": "open"}}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    // gVisor's stack holds the link's far end and nothing else; its
+    // resolver and its proxy are at the link's near end.
+    let (out, code) = daemon.sh_out(
+        &id,
+        "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '; echo; \
+         grep nameserver /etc/resolv.conf; echo $HTTP_PROXY",
     );
-    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        out, "g0 lo \nnameserver 10.255.254.1\nhttp://10.255.254.1:15001\n",
+        "{out}"
+    );
+    // The host's own address is refused, transparently and through the
+    // proxy, and the refusal is a security event; the listener saw nothing.
+    for curl in ["curl --noproxy '*' -sf -m 5", "curl -sf -m 5"] {
+        let (out, code) = daemon.sh_out(&id, &format!("{curl} http://{address}:{port}/"));
+        assert!(code != 0, "{curl}: {code} {out}");
+    }
     assert!(
-        refused
-            .text()
-            .contains("gvisor tier gives sandboxes no network yet"),
-        "{}",
-        refused.text()
+        matches!(host.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a gvisor sandbox reached a listener of the host"
     );
-    let listed = daemon.call("GET", "/v1/sandboxes", None).json();
-    assert!(
-        listed["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|s| s["state"] == "dead"),
-        "{listed}"
+    // The link's near end answers nothing but the proxy and the resolver.
+    let (out, _) = daemon.sh_out(
+        &id,
+        "python3 -c \"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+s.sendto(b'x', ('10.255.254.1', 9999))
+try:
+    s.recvfrom(100); print('answered')
+except OSError:
+    print('silent')
+\"",
     );
+    assert_eq!(out, "silent\n");
+    let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!(deleted.status < 300, "{}", deleted.text());
+    assert_gone_with_its_bundle(&id);
 }

@@ -338,7 +338,8 @@ pub fn is_host_address(ip: std::net::IpAddr) -> bool {
     UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
 }
 
-/// Binds the proxy (IPv4 and, when the namespace has it, IPv6) and the
+/// Binds the proxy (IPv4 and, when the namespace has it, IPv6, and the
+/// guest link's IPv6 address when it has one) and the
 /// resolver inside the namespace at `netns`, from a thread that enters it
 /// and ends: sockets keep the namespace they were made in.
 fn bind_inside(netns: &Path) -> Result<(Vec<TcpListener>, UdpSocket), EgressError> {
@@ -362,6 +363,14 @@ fn bind_inside(netns: &Path) -> Result<(Vec<TcpListener>, UdpSocket), EgressErro
                 if let Ok(v6) =
                     TcpListener::bind(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)))
                 {
+                    tcp.push(v6);
+                }
+                // The guest link's own address, where a guest kernel's
+                // IPv6 connections are handed over (see
+                // `airlock_jail::net::GuestLink`); only namespaces with a
+                // guest link have it.
+                let guest = airlock_jail::net::GUEST_GATEWAY_V6;
+                if let Ok(v6) = TcpListener::bind(SocketAddr::from((guest, port))) {
                     tcp.push(v6);
                 }
                 let dns = UdpSocket::bind(SocketAddr::from((

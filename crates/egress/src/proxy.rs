@@ -51,9 +51,10 @@ async fn handle(mut inside: TcpStream, shared: &Shared) {
     let _ = inside.set_nodelay(true);
     let local = inside.local_addr().ok();
     let original = original_destination(&inside);
-    // A connection made to the proxy itself was not redirected: a tool
-    // using it as its HTTP(S)_PROXY.
-    let Some(original) = original.filter(|o| Some(*o) != local) else {
+    // A connection made to the proxy itself (not redirected, or sent to
+    // the address sandboxes name it by): a tool using it as its
+    // HTTP(S)_PROXY.
+    let Some(original) = original.filter(|o| Some(*o) != local && !names_the_proxy(*o)) else {
         explicit(inside, shared).await;
         return;
     };
@@ -412,6 +413,15 @@ mod zero_copy {
         }
         to.shutdown().await
     }
+}
+
+/// Whether `to` is the address sandboxes name the proxy by
+/// (`airlock_policy::network::PROXY_HOST_V4` and its IPv6 twin).
+fn names_the_proxy(to: SocketAddr) -> bool {
+    use airlock_policy::network::{PROXY_HOST_V4, PROXY_HOST_V6, PROXY_PORT};
+    to.port() == PROXY_PORT
+        && (to.ip() == std::net::IpAddr::V4(PROXY_HOST_V4)
+            || to.ip() == std::net::IpAddr::V6(PROXY_HOST_V6))
 }
 
 /// Where a redirected connection was going (`SO_ORIGINAL_DST`, and its

@@ -82,14 +82,143 @@ table inet airlock {
   chain out_filter {
     type filter hook postrouting priority 0; policy drop;
     oifname \"lo\" accept
+    oifname \"g1\" ct status dnat accept
+    oifname \"g1\" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
   }
   chain flood {
     type filter hook output priority 0; policy accept;
     udp dport 53 limit rate over 1000/second burst 2000 packets drop
     tcp dport 15001 tcp flags & (syn | ack) == syn limit rate over 2000/second burst 4000 packets drop
   }
+  chain from_guest {
+    type nat hook prerouting priority -100; policy accept;
+    iifname \"g1\" meta nfproto ipv4 meta l4proto tcp dnat ip to 127.0.0.1:15001
+    iifname \"g1\" meta nfproto ipv6 meta l4proto tcp dnat ip6 to [fd7a:a1:10d::1]:15001
+    iifname \"g1\" meta nfproto ipv4 udp dport 53 dnat ip to 127.0.0.1:53
+  }
+  chain guest_in {
+    type filter hook input priority 0; policy accept;
+    iifname \"g1\" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } accept
+    iifname \"g1\" ct status dnat udp dport 53 limit rate over 1000/second burst 2000 packets drop
+    iifname \"g1\" ct status dnat tcp dport 15001 tcp flags & (syn | ack) == syn limit rate over 2000/second burst 4000 packets drop
+    iifname \"g1\" ct status dnat accept
+    iifname \"g1\" drop
+  }
 }
 ";
+
+/// The guest link's addresses (see [`GuestLink`]): the egress namespace's
+/// end, where the guest's packets arrive, and the guest's.
+/// The gateway is where every tier's sandboxes find the proxy by name
+/// ([`airlock_policy::network::PROXY_HOST_V4`]).
+pub const GUEST_GATEWAY_V4: std::net::Ipv4Addr = airlock_policy::network::PROXY_HOST_V4;
+pub const GUEST_ADDRESS_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 255, 254, 2);
+pub const GUEST_GATEWAY_V6: std::net::Ipv6Addr = airlock_policy::network::PROXY_HOST_V6;
+pub const GUEST_ADDRESS_V6: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0xfd7a, 0xa1, 0x10d, 0, 0, 0, 0, 2);
+
+/// The egress namespace's end of the guest link, as `ip -batch` input
+/// (`{guest}` is the guest namespace's path). Its MTU is loopback's, as
+/// `e0`'s is.
+const GUEST_LINK_HERE: &str = "link add g1 mtu 65535 type veth peer name g0 mtu 65535 netns {guest}
+addr add 10.255.254.1/30 dev g1
+addr add fd7a:a1:10d::1/126 dev g1 nodad
+link set g1 up
+";
+
+/// The guest namespace's end: its only interface besides loopback, with
+/// the routes through the egress namespace. No link-local address: the
+/// guest's kernel takes every address it finds here.
+const GUEST_LINK_THERE: &str = "link set lo up
+link set g0 addrgenmode none
+addr add 10.255.254.2/30 dev g0
+addr add fd7a:a1:10d::2/126 dev g0 nodad
+link set g0 up
+route add default via 10.255.254.1 dev g0
+route add ::/0 via fd7a:a1:10d::1 dev g0
+";
+
+/// A guest kernel's way into the egress namespace, for a tier whose
+/// sandbox runs a network stack of its own (gVisor's netstack), which would
+/// not pass through the namespace's own stack, where the redirect rules
+/// are, if it were put there. The guest gets a namespace of its own
+/// (`guest`) whose only interface, `g0`, is a veth pair's end; the other
+/// end, `g1`, is in the egress namespace, and what arrives on it is judged
+/// by the rules of [`RULES`]: TCP is handed to the proxy (IPv4 to
+/// `127.0.0.1`, which `route_localnet` on `g1` allows, IPv6 to the link's
+/// own address, where the egress path binds a listener of its own),
+/// queries to port 53 to the resolver, and anything else is dropped; only
+/// replies go back. The guest's resolver is [`GUEST_GATEWAY_V4`].
+///
+/// Nothing inside the guest namespace can change the egress namespace:
+/// both belong to the host's user namespace.
+#[derive(Debug)]
+pub struct GuestLink {
+    egress: std::fs::File,
+    guest: std::fs::File,
+}
+
+impl GuestLink {
+    /// Makes the guest namespace and the link, from inside the egress
+    /// namespace (the caller's, which it stays in). Must run in a
+    /// single-threaded process, as [`enter_egress_namespace`].
+    pub fn create() -> Result<GuestLink, NetError> {
+        let egress = std::fs::File::open("/proc/thread-self/ns/net").map_err(NetError::Unshare)?;
+        // SAFETY: as in `enter_egress_namespace`: NEWNET changes only the
+        // network namespace of this (single-threaded) process.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
+            .map_err(|e| NetError::Unshare(e.into()))?;
+        let guest = std::fs::File::open("/proc/thread-self/ns/net");
+        let back = move_into(&egress);
+        let link = GuestLink {
+            egress,
+            guest: guest.map_err(NetError::Unshare)?,
+        };
+        back?;
+        let here = GUEST_LINK_HERE.replace("{guest}", &link.guest_path().to_string_lossy());
+        finish(start("ip", &["-batch", "-"], &here, None)?)?;
+        std::fs::write("/proc/sys/net/ipv4/conf/g1/route_localnet", "1").map_err(|source| {
+            NetError::Spawn {
+                program: "route_localnet",
+                source,
+            }
+        })?;
+        use std::os::fd::AsRawFd;
+        finish(start(
+            "ip",
+            &["-batch", "-"],
+            GUEST_LINK_THERE,
+            Some(link.guest.as_raw_fd()),
+        )?)?;
+        Ok(link)
+    }
+
+    /// The guest namespace (a path any process of the host can open while
+    /// this value lives).
+    pub fn guest_path(&self) -> std::path::PathBuf {
+        use std::os::fd::AsRawFd;
+        format!("/proc/{}/fd/{}", std::process::id(), self.guest.as_raw_fd()).into()
+    }
+
+    /// The egress namespace, where the egress path binds.
+    pub fn egress_path(&self) -> std::path::PathBuf {
+        use std::os::fd::AsRawFd;
+        format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            self.egress.as_raw_fd()
+        )
+        .into()
+    }
+}
+
+fn move_into(namespace: &std::fs::File) -> Result<(), NetError> {
+    rustix::thread::move_into_link_name_space(
+        std::os::fd::AsFd::as_fd(namespace),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(|e| NetError::Unshare(e.into()))
+}
 
 /// The namespace could not be prepared.
 #[derive(Debug, thiserror::Error)]
@@ -126,8 +255,8 @@ pub fn enter_egress_namespace() -> Result<PendingSetup, NetError> {
     // network namespace, and every descriptor stays valid.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
         .map_err(|e| NetError::Unshare(e.into()))?;
-    let links = start("ip", &["-batch", "-"], LINKS)?;
-    let rules = match start("nft", &["-f", "-"], RULES) {
+    let links = start("ip", &["-batch", "-"], LINKS, None)?;
+    let rules = match start("nft", &["-f", "-"], RULES, None) {
         Ok(rules) => rules,
         Err(e) => {
             let _ = finish(links);
@@ -176,21 +305,35 @@ impl HostNamespace {
     /// Moves the calling thread (the whole process, if single-threaded)
     /// back into it.
     pub fn go_back(self) -> Result<(), NetError> {
-        rustix::thread::move_into_link_name_space(
-            std::os::fd::AsFd::as_fd(&self.0),
-            Some(rustix::thread::LinkNameSpaceType::Network),
-        )
-        .map_err(|e| NetError::Unshare(e.into()))
+        move_into(&self.0)
     }
 }
 
+/// Starts `program ARGS` with `input` on its stdin, in the network
+/// namespace `netns` (a descriptor of this process) when given.
 fn start(
     program: &'static str,
     args: &[&str],
     input: &str,
+    netns: Option<std::os::fd::RawFd>,
 ) -> Result<(&'static str, std::process::Child), NetError> {
     let spawn = |source| NetError::Spawn { program, source };
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    if let Some(fd) = netns {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: setns is one. `fd` is open
+        // in the parent, and so in the child, for the whole spawn.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = command
         .args(args)
         .env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -231,5 +374,18 @@ mod tests {
         assert!(RULES.contains("policy drop"));
         assert!(RULES.contains(&format!("udp dport {DNS_PORT} limit rate over")));
         assert!(RULES.contains(&format!("tcp dport {PROXY_PORT} tcp flags")));
+    }
+
+    #[test]
+    fn the_guest_link_text_names_the_addresses_the_constants_give() {
+        assert!(GUEST_LINK_HERE.contains(&format!("addr add {GUEST_GATEWAY_V4}/30 dev g1")));
+        assert!(GUEST_LINK_HERE.contains(&format!("addr add {GUEST_GATEWAY_V6}/126 dev g1")));
+        assert!(GUEST_LINK_THERE.contains(&format!("addr add {GUEST_ADDRESS_V4}/30 dev g0")));
+        assert!(GUEST_LINK_THERE.contains(&format!("addr add {GUEST_ADDRESS_V6}/126 dev g0")));
+        assert!(GUEST_LINK_THERE.contains(&format!("default via {GUEST_GATEWAY_V4} dev g0")));
+        assert!(GUEST_LINK_THERE.contains(&format!("::/0 via {GUEST_GATEWAY_V6} dev g0")));
+        assert!(RULES.contains(&format!("dnat ip6 to [{GUEST_GATEWAY_V6}]:{PROXY_PORT}")));
+        assert!(RULES.contains(&format!("dnat ip to 127.0.0.1:{PROXY_PORT}")));
+        assert!(RULES.contains(&format!("dnat ip to 127.0.0.1:{DNS_PORT}")));
     }
 }

@@ -61,9 +61,8 @@ pub enum ContainerError {
         "cannot run {0}: install it (apt-get install runsc / runc) or name another with --runtime"
     )]
     RuntimeMissing(PathBuf, #[source] io::Error),
-    /// The spec asks for what this tier does not give yet.
-    #[error("{0}")]
-    Unsupported(&'static str),
+    #[error(transparent)]
+    Network(#[from] airlock_jail::net::NetError),
 }
 
 impl ContainerError {
@@ -71,7 +70,6 @@ impl ContainerError {
     pub fn is_bad_input(&self) -> bool {
         match self {
             ContainerError::Launch(e) => e.is_bad_input(),
-            ContainerError::Unsupported(_) => true,
             _ => false,
         }
     }
@@ -104,6 +102,11 @@ pub struct Container {
     killed: std::sync::Mutex<Vec<i32>>,
     init_pid: i32,
     channel: Option<UnixStream>,
+    /// A networked gVisor sandbox's way to the egress namespace.
+    guest_link: Option<airlock_jail::net::GuestLink>,
+    /// The network namespace the egress path binds in, when it is not the
+    /// container init's.
+    egress_netns: Option<PathBuf>,
     mounted: bool,
     torn_down: bool,
 }
@@ -147,17 +150,20 @@ impl Container {
         netns: Option<PathBuf>,
     ) -> Result<Container, ContainerError> {
         launch::check_launchable(&id, spec)?;
-        if runtime.kind == Kind::Gvisor && !spec.network.is_none() {
-            // gVisor's netstack would need the egress namespace wired to a
-            // device of its own; until then such a sandbox is refused, not
-            // given a network the policy does not govern.
-            return Err(ContainerError::Unsupported(
-                "the gvisor tier gives sandboxes no network yet: ask for network policy none, or use the process or oci tier",
-            ));
-        }
         if !launch::single_threaded() {
             return Err(LaunchError::NotSingleThreaded.into());
         }
+        // gVisor's netstack sends its packets out of a device rather than
+        // through this namespace's stack: it gets a namespace of its own,
+        // linked to this one, whose rules judge what arrives.
+        let guest_link = match (&netns, runtime.kind) {
+            (Some(_), Kind::Gvisor) => Some(airlock_jail::net::GuestLink::create()?),
+            _ => None,
+        };
+        let netns = match &guest_link {
+            Some(link) => Some(link.guest_path()),
+            None => netns,
+        };
         let Prepared {
             layout,
             host,
@@ -198,6 +204,8 @@ impl Container {
             killed: std::sync::Mutex::new(Vec::new()),
             init_pid: 0,
             channel: None,
+            egress_netns: guest_link.as_ref().map(|link| link.egress_path()),
+            guest_link,
             mounted: false,
             torn_down: false,
         };
@@ -229,8 +237,13 @@ impl Container {
         let seccomp_file = container.dir.join("seccomp.bpf");
         fs::write(&seccomp_file, &seccomp)
             .map_err(|e| ContainerError::Io("write the seccomp filter", e))?;
-        let (root, writable) =
-            container.build_root(spec, &host, upper.as_deref(), shim.is_some())?;
+        let (root, writable) = container.build_root(
+            spec,
+            &host,
+            upper.as_deref(),
+            shim.is_some(),
+            container.guest_link.is_some(),
+        )?;
         // The host template's root is read-only but for the places the
         // plan makes writable (Landlock's job on the process tier), each
         // bound read-write; the kernel's own file systems come from the
@@ -265,8 +278,56 @@ impl Container {
             .map_err(|e| ContainerError::Io("encode the bundle", e.into()))?;
         fs::write(container.dir.join("config.json"), text)
             .map_err(|e| ContainerError::Io("write the bundle", e))?;
+        if container.guest_link.is_some() {
+            container.hide_network_sysctls()?;
+        }
         container.start(netns.is_some())?;
         Ok(container)
+    }
+
+    /// runsc of 2022 refuses to give a sandbox a network when
+    /// `/proc/sys/net/core/rmem_default` exists where it looks, taking it as
+    /// the sign of the host's own network namespace; since Linux 6.x every
+    /// namespace has it. In this process's mount namespace (the runtime's,
+    /// no one else's) `/proc/sys` becomes a small tmpfs holding the host's
+    /// `kernel`, `vm` and `fs` trees but no `net`. The sandbox does not see
+    /// it: gVisor's `/proc` is its own.
+    fn hide_network_sysctls(&self) -> Result<(), ContainerError> {
+        let view = self.dir.join("sysctl-view");
+        let view = view.to_string_lossy();
+        let fail = |what| move |e: rustix::io::Errno| ContainerError::Io(what, e.into());
+        fs::create_dir_all(&*view).map_err(|e| ContainerError::Io("make a sysctl view", e))?;
+        raw_mount(
+            Some("/proc/sys"),
+            &view,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )
+        .map_err(fail("bind /proc/sys"))?;
+        raw_mount(
+            Some("none"),
+            "/proc/sys",
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some("size=64k,mode=0755"),
+        )
+        .map_err(fail("cover /proc/sys"))?;
+        for tree in ["kernel", "vm", "fs"] {
+            let at = format!("/proc/sys/{tree}");
+            fs::create_dir(&at).map_err(|e| ContainerError::Io("make a sysctl tree", e))?;
+            raw_mount(
+                Some(&format!("{view}/{tree}")),
+                &at,
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            )
+            .map_err(fail("bind a sysctl tree"))?;
+        }
+        rustix::mount::unmount(&*view, rustix::mount::UnmountFlags::DETACH)
+            .map_err(fail("detach the sysctl view"))?;
+        Ok(())
     }
 
     /// Builds the root in a mount namespace of this process's own and
@@ -277,8 +338,23 @@ impl Container {
         host: &HostFacts,
         upper: Option<&Path>,
         shim: bool,
+        guest_link: bool,
     ) -> Result<(String, Vec<String>), ContainerError> {
         let mut plan = rootfs::guest_plan(spec, host, &self.id);
+        if guest_link {
+            // The guest's own loopback is not the namespace's: its resolver
+            // is at the link's far end.
+            for op in &mut plan.ops {
+                if let SetupOp::WriteFile { path, contents, .. } = op {
+                    if path == "etc/resolv.conf" {
+                        *contents = format!(
+                            "nameserver {}\noptions edns0\n",
+                            airlock_jail::net::GUEST_GATEWAY_V4
+                        );
+                    }
+                }
+            }
+        }
         if shim {
             // Before /etc is sealed (the host template's), if it is.
             let at = plan
@@ -482,6 +558,13 @@ impl Container {
     /// The host pid the runtime gave for the container.
     pub fn init_pid(&self) -> i32 {
         self.init_pid
+    }
+
+    /// The network namespace the sandbox's egress path binds in (a path
+    /// that stays valid while this value lives) when it is not the one its
+    /// init is in (gVisor's guest link).
+    pub fn egress_netns(&self) -> Option<&Path> {
+        self.egress_netns.as_deref()
     }
 
     /// The host end of the agent channel; `None` after it was taken.

@@ -96,6 +96,15 @@ impl Runtime {
                 ]
                 .map(std::ffi::OsString::from),
             );
+            // For diagnosing the runtime: its debug log and a trace of the
+            // sandbox's system calls, in files under this directory.
+            if let Some(dir) = std::env::var_os("AIRLOCK_RUNSC_DEBUG_LOG") {
+                args.push("--debug".into());
+                args.push("--strace".into());
+                let mut flag = std::ffi::OsString::from("--debug-log=");
+                flag.push(dir);
+                args.push(flag);
+            }
         }
         args
     }

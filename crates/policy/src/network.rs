@@ -44,6 +44,18 @@ mod rule;
 /// redirected connections, an HTTP proxy for tools that connect to it).
 pub const PROXY_PORT: u16 = 15001;
 
+/// The address a sandbox of any tier names the egress proxy by, for tools
+/// that use it as their HTTP(S) proxy (`HTTP_PROXY` and friends): not
+/// loopback, which a tier with a kernel of its own (gVisor) keeps to
+/// itself. Whatever a sandbox sends there reaches the proxy (redirected or
+/// handed over like any other connection), which treats it as a request
+/// to itself.
+pub const PROXY_HOST_V4: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 255, 254, 1);
+
+/// [`PROXY_HOST_V4`]'s IPv6 twin (where a tier has IPv6 to the proxy).
+pub const PROXY_HOST_V6: std::net::Ipv6Addr =
+    std::net::Ipv6Addr::new(0xfd7a, 0xa1, 0x10d, 0, 0, 0, 0, 1);
+
 pub use name::{canonical_host, inet_aton, DomainName, Host, HostError, NameError};
 pub use ranges::{always_denied, embedded_v4, DeniedRange};
 pub use rule::{Cidr, Rule, RuleError, RuleTarget};

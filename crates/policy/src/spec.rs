@@ -302,7 +302,11 @@ impl SandboxSpec {
             ("LANG".to_owned(), "C.UTF-8".to_owned()),
         ]);
         if !self.network.is_none() {
-            let proxy = format!("http://127.0.0.1:{}", crate::network::PROXY_PORT);
+            let proxy = format!(
+                "http://{}:{}",
+                crate::network::PROXY_HOST_V4,
+                crate::network::PROXY_PORT
+            );
             for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
                 env.insert(name.to_owned(), proxy.clone());
             }

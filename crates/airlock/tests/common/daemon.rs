@@ -332,8 +332,14 @@ impl TestDaemon {
         )
     }
 
-    /// Creates a sandbox from `body`; panics unless 201.
-    pub fn create(&self, body: Value) -> Value {
+    /// Creates a sandbox from `body`, on `AIRLOCK_TEST_TIER`'s tier (see
+    /// [`super::test_tier`]) when it names none; panics unless 201.
+    pub fn create(&self, mut body: Value) -> Value {
+        if let Some(fields) = body.as_object_mut() {
+            fields
+                .entry("tier")
+                .or_insert_with(|| Value::String(super::test_tier()));
+        }
         let answer = self.call("POST", "/v1/sandboxes", Some(body));
         assert_eq!(answer.status, 201, "create: {}", answer.text());
         answer.json()
