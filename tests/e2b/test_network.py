@@ -16,7 +16,7 @@ def proxied(sbx):
     """Whether the sandbox has an egress path (its processes get the proxy
     variables only then)."""
     out = sbx.commands.run("printenv HTTPS_PROXY || true").stdout.strip()
-    return out == "http://127.0.0.1:15001"
+    return out == "http://10.255.254.1:15001"
 
 
 HELLO = "hello from the test internet"

@@ -158,6 +158,14 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     e2b_internet: crate::net_args::NetMode,
+    /// The tier of a create that names none (native `tier`, e2b metadata
+    /// `airlock.tier`) and whose template has none of its own.
+    #[arg(long, value_name = "process|oci|gvisor", default_value = "process", value_parser = parse_tier)]
+    default_tier: airlock_policy::Tier,
+    /// `TEMPLATE=TIER`: the tier of a create on TEMPLATE that names none
+    /// (repeatable), e.g. `--template-tier base=gvisor`.
+    #[arg(long = "template-tier", value_name = "TEMPLATE=TIER", value_parser = parse_template_tier)]
+    template_tier: Vec<(String, airlock_policy::Tier)>,
     /// Size past which an audit stream file (`<data-dir>/audit/*.jsonl`)
     /// rotates.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
@@ -340,6 +348,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
+    config.default_tier = args.default_tier;
+    config.template_tiers = args.template_tier.iter().cloned().collect();
     config.build_network = crate::net_args::NetArgs {
         net: args.build_net,
         allow: args.build_allow.clone(),
@@ -612,4 +622,21 @@ pub fn in_path(binary: &Path) -> PathBuf {
                 .find(|candidate| candidate.is_file())
         })
         .unwrap_or_else(|| binary.to_owned())
+}
+
+/// A tier's name (`process`, `oci`, `gvisor`).
+fn parse_tier(text: &str) -> Result<airlock_policy::Tier, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("{text:?} is not a tier (process, oci, gvisor)"))
+}
+
+/// `TEMPLATE=TIER`.
+fn parse_template_tier(text: &str) -> Result<(String, airlock_policy::Tier), String> {
+    let (template, tier) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not TEMPLATE=TIER"))?;
+    if template.is_empty() {
+        return Err(format!("{text:?} names no template"));
+    }
+    Ok((template.to_owned(), parse_tier(tier)?))
 }

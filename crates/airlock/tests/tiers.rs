@@ -250,3 +250,44 @@ except OSError:
     assert!(deleted.status < 300, "{}", deleted.text());
     assert_gone_with_its_bundle(&id);
 }
+
+#[test]
+fn a_create_naming_no_tier_gets_its_templates_or_the_daemons() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&["--template-tier", "host=oci"]);
+    let tier_of = |id: &str| {
+        let seen = daemon
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .json();
+        seen["tier"].as_str().unwrap().to_owned()
+    };
+    // Native: the template's tier unless the request names one.
+    let by_template = daemon.create(json!({}));
+    assert_eq!(by_template["tier"], "oci", "{by_template}");
+    let named = daemon.create(json!({"tier": "process"}));
+    assert_eq!(named["tier"], "process", "{named}");
+    // e2b: a metadata entry names the tier; without it, the template's.
+    let e2b_create = |metadata: serde_json::Value| {
+        e2b(
+            &daemon,
+            "POST",
+            "/v2/sandboxes",
+            Some(json!({"templateID": "host", "metadata": metadata, "timeout": 60})),
+        )
+    };
+    let gvisor = e2b_create(json!({"airlock.tier": "gvisor"}));
+    assert_eq!(gvisor.status, 201, "{}", gvisor.text());
+    let gvisor = gvisor.json()["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(tier_of(&gvisor), "gvisor");
+    let plain = e2b_create(json!({}));
+    assert_eq!(plain.status, 201, "{}", plain.text());
+    let plain = plain.json()["sandboxID"].as_str().unwrap().to_owned();
+    assert_eq!(tier_of(&plain), "oci");
+    let bad = e2b_create(json!({"airlock.tier": "vm9"}));
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(bad.text().contains("is not a tier"), "{}", bad.text());
+    daemon.delete_all();
+    for id in [&gvisor, &plain] {
+        assert_gone_with_its_bundle(id);
+    }
+}

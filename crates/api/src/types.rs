@@ -163,7 +163,9 @@ impl From<UserInput> for RunAs {
 pub struct CreateSandbox {
     /// Template name; `host` (also `base`) is the default.
     pub template: Option<String>,
-    /// Isolation tier; `process` is the only one today.
+    /// Isolation tier (`process`, `oci`, `gvisor`; see `GET /v1/tiers`);
+    /// by default the template's (`serve --template-tier`), else the
+    /// daemon's (`serve --default-tier`, `process` unless set).
     pub tier: Option<String>,
     /// Lifetime in seconds (default 300).
     pub timeout_s: Option<u64>,
@@ -191,7 +193,11 @@ impl CreateSandbox {
         let template = self.template.clone().unwrap_or_else(|| "host".into());
         let resolved = daemon.resolve_template(&template)?;
         let user_given = self.user.is_some();
+        let tier_given = self.tier.is_some();
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
+        if !tier_given {
+            spec.tier = daemon.default_tier_of(&template);
+        }
         spec.template = resolved.template;
         Daemon::apply_template_config(&mut spec, &resolved.config);
         // The template's USER, when the request names none and it is one

@@ -84,6 +84,12 @@ pub struct Config {
     /// Whether an e2b create that leaves internet access on (the SDKs'
     /// default) gets mode `open`; otherwise it gets `none`.
     pub e2b_internet: bool,
+    /// The tier of a create that names none, by the template it names
+    /// (the bare name, without a `@digest` pin); a template not listed
+    /// gets `default_tier`.
+    pub template_tiers: std::collections::BTreeMap<String, airlock_policy::Tier>,
+    /// The tier of a create that names none and whose template has none.
+    pub default_tier: airlock_policy::Tier,
     /// What the audit trail may write, whatever floods it.
     pub audit: audit::AuditLimits,
     /// What one sandbox's egress path may make the daemon do.
@@ -147,6 +153,8 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             e2b_internet: false,
+            template_tiers: std::collections::BTreeMap::new(),
+            default_tier: airlock_policy::Tier::Process,
             audit: audit::AuditLimits::default(),
             egress_limits: airlock_egress::EgressLimits::default(),
             egress_worker: None,
@@ -496,6 +504,18 @@ impl Daemon {
     }
 
     /// The configuration in force.
+    /// The tier a create on `template` (a name as a request gives it)
+    /// runs on when it names none: the template's, else the daemon's.
+    pub fn default_tier_of(&self, template: &str) -> airlock_policy::Tier {
+        let bare = template.split_once('@').map_or(template, |(bare, _)| bare);
+        let config = self.config();
+        config
+            .template_tiers
+            .get(bare)
+            .copied()
+            .unwrap_or(config.default_tier)
+    }
+
     pub fn config(&self) -> &Config {
         &self.inner.config
     }

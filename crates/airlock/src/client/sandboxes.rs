@@ -20,8 +20,8 @@ pub struct CreateArgs {
     /// Root filesystem template, by the daemon's name for it.
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
-    /// Isolation tier: process (the default), oci or gvisor (`airlock
-    /// tiers` lists what the daemon can run).
+    /// Isolation tier: process, oci or gvisor (`airlock tiers` lists what
+    /// the daemon can run); by default the template's, else the daemon's.
     #[arg(long, value_name = "TIER")]
     tier: Option<String>,
     /// Memory limit, e.g. `512M`.

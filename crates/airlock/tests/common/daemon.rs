@@ -135,6 +135,9 @@ impl TestDaemon {
             .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(&self.data_dir)
+            // A create that names no tier runs on AIRLOCK_TEST_TIER's.
+            .arg("--default-tier")
+            .arg(super::test_tier())
             .args(&self.extra)
             .env("AIRLOCK_LOG", "warn")
             .stdin(Stdio::null())
@@ -332,14 +335,9 @@ impl TestDaemon {
         )
     }
 
-    /// Creates a sandbox from `body`, on `AIRLOCK_TEST_TIER`'s tier (see
-    /// [`super::test_tier`]) when it names none; panics unless 201.
-    pub fn create(&self, mut body: Value) -> Value {
-        if let Some(fields) = body.as_object_mut() {
-            fields
-                .entry("tier")
-                .or_insert_with(|| Value::String(super::test_tier()));
-        }
+    /// Creates a sandbox from `body` (one that names no tier runs on
+    /// `AIRLOCK_TEST_TIER`'s, the daemon's default); panics unless 201.
+    pub fn create(&self, body: Value) -> Value {
         let answer = self.call("POST", "/v1/sandboxes", Some(body));
         assert_eq!(answer.status, 201, "create: {}", answer.text());
         answer.json()

@@ -117,6 +117,10 @@ pub fn network_input(
     })
 }
 
+/// The metadata key an e2b create names its sandbox's tier with
+/// (`Sandbox.create(metadata={"airlock.tier": "gvisor"})`).
+pub const TIER_METADATA: &str = "airlock.tier";
+
 /// `POST /sandboxes` (NewSandbox) and `POST /v2/sandboxes` (NewSandboxV2).
 /// Unknown fields are ignored, so newer SDKs keep working.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -234,6 +238,13 @@ impl NewSandbox {
         )?;
         Ok(CreateSandbox {
             template: Some(native_template.to_owned()),
+            // The e2b API has no tier: a metadata entry names one, else the
+            // template's or the daemon's default applies.
+            tier: self
+                .metadata
+                .as_ref()
+                .and_then(|m| m.get(TIER_METADATA))
+                .cloned(),
             timeout_s: Some(timeout_s),
             env: self.env_vars.clone(),
             metadata: self.metadata.clone(),
@@ -732,6 +743,13 @@ mod tests {
         assert_eq!(native.timeout_s, Some(60));
         assert_eq!(native.env.unwrap()["K"], "V");
         assert_eq!(native.metadata.unwrap()["a"], "b");
+        assert_eq!(native.tier, None);
+        let tiered: NewSandbox = serde_json::from_value(serde_json::json!({
+            "templateID": "base", "metadata": {"airlock.tier": "gvisor"},
+        }))
+        .unwrap();
+        let native = tiered.to_native("base", 300, 3600, false).unwrap();
+        assert_eq!(native.tier.as_deref(), Some("gvisor"));
         assert_eq!(native.network.unwrap().mode, "none");
 
         let default = NewSandbox {
