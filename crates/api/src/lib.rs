@@ -148,7 +148,7 @@ async fn metrics(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        api.daemon.scrape_metrics(),
+        api.daemon.scrape_metrics().await,
     )
         .into_response()
 }

@@ -296,7 +296,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Current usage of a live sandbox; `None` if it is not running.
-    fn usage(&self, id: &str) -> Option<Usage>;
+    async fn usage(&self, id: &str) -> Option<Usage>;
 
     /// Stops every sandbox of this tier that is not in `keep` and removes
     /// the leftovers of dead ones. Run at daemon start, after adoption.
@@ -304,7 +304,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Host resources of this tier that belong to no sandbox in `keep`
     /// (for the leaked-resource gauge; must stay 0).
-    fn leaked(&self, keep: &HashSet<String>) -> usize;
+    async fn leaked(&self, keep: &HashSet<String>) -> usize;
 }
 
 /// The error and its causes in one line (`a: b: c`), for logs and for

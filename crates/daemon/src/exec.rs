@@ -304,11 +304,11 @@ pub struct Finished {
 /// Reads a process's events from the agent until its end and publishes
 /// them. `oom_check` is asked, when the process ends, whether the sandbox's
 /// memory limit killed something meanwhile (the agent cannot always tell).
-pub async fn pump(
+pub async fn pump<Checked: std::future::Future<Output = bool>>(
     hub: &ProcessHub,
     mut events: Events,
     requested_at: Instant,
-    oom_check: impl Fn() -> bool,
+    oom_check: impl FnOnce() -> Checked,
 ) -> Finished {
     loop {
         match events.next().await {
@@ -317,7 +317,12 @@ pub async fn pump(
                 Event::Stdout | Event::Pty => hub.publish(Output::Stdout(frame.payload)).await,
                 Event::Stderr => hub.publish(Output::Stderr(frame.payload)).await,
                 Event::Exited(status) => {
-                    let info = exit_info(&status, requested_at, &oom_check);
+                    // A kill by the sandbox's OOM killer while this
+                    // process ran; a shell whose child was killed exits 137
+                    // rather than by signal, so the cgroup's counter is
+                    // asked whatever the exit looked like.
+                    let oom = status.oom || (!status.timed_out && oom_check().await);
+                    let info = exit_info(&status, requested_at, oom);
                     hub.publish(Output::Exited(info.clone())).await;
                     return Finished {
                         exit: Some(info),
@@ -353,15 +358,12 @@ pub async fn pump(
     }
 }
 
-fn exit_info(status: &ExitStatus, requested_at: Instant, oom_check: impl Fn() -> bool) -> ExitInfo {
+fn exit_info(status: &ExitStatus, requested_at: Instant, oom: bool) -> ExitInfo {
     ExitInfo {
         pid: status.pid,
         exit_code: status.code,
         signal: status.signal,
-        // A kill by the sandbox's OOM killer while this process ran; a
-        // shell whose child was killed exits 137 rather than by signal, so
-        // the cgroup's counter is asked whatever the exit looked like.
-        oom: status.oom || (!status.timed_out && oom_check()),
+        oom,
         timed_out: status.timed_out,
         duration_ms: requested_at.elapsed().as_millis() as u64,
         stdout_truncated: status.stdout_truncated,

@@ -608,7 +608,19 @@ impl Daemon {
     }
 
     /// Sets the gauges that mirror current state, then encodes every metric.
-    pub fn scrape_metrics(&self) -> String {
+    pub async fn scrape_metrics(&self) -> String {
+        let keep = self.recorded_ids();
+        let backends = self.inner.tiers.all();
+        let leaked = futures_util::future::join_all(backends.iter().map(|b| b.leaked(&keep)))
+            .await
+            .into_iter()
+            .sum::<usize>();
+        self.encode_metrics(leaked)
+    }
+
+    /// Sets the gauges (`leaked` is what the tiers' leak checks found),
+    /// then encodes every metric.
+    fn encode_metrics(&self, leaked: usize) -> String {
         let metrics = &self.inner.metrics;
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
         for sandbox in self
@@ -635,15 +647,7 @@ impl Daemon {
         }
         let admission = self.inner.admission.snapshot();
         metrics.queue_depth.set(admission.queued as i64);
-        metrics.leaked_resources.set({
-            let keep = self.recorded_ids();
-            self.inner
-                .tiers
-                .all()
-                .iter()
-                .map(|b| b.leaked(&keep))
-                .sum::<usize>() as i64
-        });
+        metrics.leaked_resources.set(leaked as i64);
         metrics
             .unowned_layers
             .set(self.unowned_store_entries() as i64);

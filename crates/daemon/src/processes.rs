@@ -89,10 +89,10 @@ impl Daemon {
         // Read while the agent forks: the new process cannot have run yet,
         // and the cgroup reads stay off the round trip.
         let backend = self.inner.tiers.get(sandbox.spec.tier).ok().cloned();
-        let before = backend
-            .as_ref()
-            .and_then(|b| b.usage(id))
-            .unwrap_or_default();
+        let before = match &backend {
+            Some(b) => b.usage(id).await.unwrap_or_default(),
+            None => Default::default(),
+        };
         let pid = match events.next().await.map_err(closed(id))? {
             Some(frame) => match frame.msg {
                 Event::Started { pid } => pid,
@@ -140,14 +140,18 @@ impl Daemon {
         let request_id = request_id.to_owned();
         tokio::spawn(async move {
             let sandbox_id = sandbox.id.clone();
-            let oom_check = move || {
-                backend
-                    .as_ref()
-                    .and_then(|b| b.usage(&sandbox_id))
-                    .is_some_and(|after| after.oom_kills > before.oom_kills)
+            let oom_check = move || async move {
+                match backend {
+                    Some(b) => b
+                        .usage(&sandbox_id)
+                        .await
+                        .is_some_and(|after| after.oom_kills > before.oom_kills),
+                    None => false,
+                }
             };
             let finished = pump(&pumped, events, requested_at, oom_check).await;
-            daemon.exec_finished(&sandbox, &pumped, finished, before, &request_id);
+            let after = daemon.usage(&sandbox.id).await;
+            daemon.exec_finished(&sandbox, &pumped, finished, before, after, &request_id);
         });
         Ok((hub, attached))
     }
@@ -166,6 +170,7 @@ impl Daemon {
         hub: &Arc<ProcessHub>,
         finished: crate::exec::Finished,
         before: airlock_backend::Usage,
+        after: Option<airlock_backend::Usage>,
         request_id: &str,
     ) {
         let id = sandbox.id.as_str();
@@ -230,7 +235,7 @@ impl Daemon {
                 );
             }
         }
-        if let Some(after) = self.usage(id) {
+        if let Some(after) = after {
             if after.pids_limit_hits > before.pids_limit_hits {
                 self.inner.audit.record(
                     Stream::Security,

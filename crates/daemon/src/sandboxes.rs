@@ -889,9 +889,10 @@ impl Daemon {
 
     /// Resource usage of the running sandbox `id` so far, when its backend
     /// can tell.
-    pub fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {
+    pub async fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {
         let sandbox = self.live_sandbox(id)?;
-        self.inner.tiers.get(sandbox.spec.tier).ok()?.usage(id)
+        let backend = std::sync::Arc::clone(self.inner.tiers.get(sandbox.spec.tier).ok()?);
+        backend.usage(id).await
     }
 
     /// One page of the sandboxes `key` may see.

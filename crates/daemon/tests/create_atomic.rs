@@ -150,13 +150,13 @@ impl Backend for LockingTier {
         self.deadlines.lock().unwrap().push((id.to_owned(), at_ms));
         Ok(())
     }
-    fn usage(&self, _: &str) -> Option<Usage> {
+    async fn usage(&self, _: &str) -> Option<Usage> {
         None
     }
     async fn reconcile(&self, _: &HashSet<String>) -> Reconciled {
         Reconciled::default()
     }
-    fn leaked(&self, _: &HashSet<String>) -> usize {
+    async fn leaked(&self, _: &HashSet<String>) -> usize {
         0
     }
 }

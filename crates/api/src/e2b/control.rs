@@ -596,10 +596,11 @@ async fn not_served(
 }
 
 /// One metric sample of a visible, live sandbox.
-fn sample(api: &Api, row: &SandboxRow) -> MetricWire {
+async fn sample(api: &Api, row: &SandboxRow) -> MetricWire {
     let measured = api
         .daemon
         .usage(&row.id)
+        .await
         .map(|u| Measured {
             cpu_time_ns: u.cpu_time_ns,
             peak_memory_bytes: u.peak_memory_bytes,
@@ -616,7 +617,7 @@ async fn metrics(
     Path(id): Path<String>,
 ) -> Result<Json<Vec<MetricWire>>> {
     let row = live_row(&api, key_of(&caller)?, &id)?;
-    Ok(Json(vec![sample(&api, &row)]))
+    Ok(Json(vec![sample(&api, &row).await]))
 }
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: a sample of each one the
@@ -631,7 +632,8 @@ async fn metrics_batch(
     let mut sandboxes = std::collections::BTreeMap::new();
     for id in ids {
         if let Ok(row) = live_row(&api, key, &id) {
-            sandboxes.insert(id, sample(&api, &row));
+            let measured = sample(&api, &row).await;
+            sandboxes.insert(id, measured);
         }
     }
     Ok(Json(MetricsBatchWire { sandboxes }))

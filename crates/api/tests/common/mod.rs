@@ -56,13 +56,13 @@ impl Backend for CountingTier {
     async fn destroy(&self, _: &str, _: Option<&Resources>) -> Result<(), DestroyError> {
         Ok(())
     }
-    fn usage(&self, _: &str) -> Option<Usage> {
+    async fn usage(&self, _: &str) -> Option<Usage> {
         None
     }
     async fn reconcile(&self, _: &HashSet<String>) -> Reconciled {
         Reconciled::default()
     }
-    fn leaked(&self, _: &HashSet<String>) -> usize {
+    async fn leaked(&self, _: &HashSet<String>) -> usize {
         0
     }
 }

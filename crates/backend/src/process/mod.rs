@@ -887,7 +887,7 @@ impl Backend for ProcessBackend {
             .unwrap_or(Err(ExportError::Interrupted))
     }
 
-    fn usage(&self, id: &str) -> Option<Usage> {
+    async fn usage(&self, id: &str) -> Option<Usage> {
         self.stats(id)
     }
 
@@ -960,7 +960,7 @@ impl Backend for ProcessBackend {
         reconciled
     }
 
-    fn leaked(&self, keep: &HashSet<String>) -> usize {
+    async fn leaked(&self, keep: &HashSet<String>) -> usize {
         let live = self.runtime.live_records();
         let unaccounted = |id: &String| !keep.contains(id) && !live.iter().any(|r| &r.id == id);
         // Our supervisors running a sandbox we do not account for.
