@@ -171,7 +171,7 @@ def test_wrong_api_key_cannot_touch_a_sandbox(sandbox):
 
 
 def test_pause_fails_clearly(sandbox):
-    # Pause is not available on the process tier: the SDK must get a clear
+    # Pause is not available yet (on any tier): the SDK must get a clear
     # error, and the sandbox must keep running.
     with pytest.raises(Exception) as raised:
         pause(sandbox)

@@ -12,7 +12,7 @@
 //! | `POST /sandboxes/{id}/timeout` | 204 |
 //! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 `Sandbox` (TTL only extended) |
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` (connect semantics) |
-//! | `POST /sandboxes/{id}/pause` | 501: not supported on the process tier |
+//! | `POST /sandboxes/{id}/pause` | 501: not supported yet (on any tier) |
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
 //! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
 //! | fork, snapshots, refreshes, logs | 501 after the sandbox is found |
@@ -88,11 +88,11 @@ impl E2bError {
         E2bError::new(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" not found"))
     }
 
-    /// A feature the process tier does not have (501), with a hint.
+    /// A feature no tier has yet (501), with a hint.
     pub fn not_supported(what: &str, hint: &str) -> E2bError {
         E2bError::new(
             StatusCode::NOT_IMPLEMENTED,
-            format!("{what} is not supported on the process tier of this airlock daemon{hint}"),
+            format!("{what} is not supported by this airlock daemon yet (on any tier){hint}"),
         )
     }
 }

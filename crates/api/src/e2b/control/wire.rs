@@ -213,7 +213,7 @@ impl NewSandbox {
         };
         if self.auto_pause == Some(true) || is_set(&self.auto_resume_enabled()) {
             return Err(E2bError::bad_request(
-                "autoPause/autoResume: pausing is not supported on the process tier of this airlock daemon; a sandbox is killed at its timeout",
+                "autoPause/autoResume: pausing is not supported by this airlock daemon yet (on any tier); a sandbox is killed at its timeout",
             ));
         }
         if is_set(&self.mcp) {
