@@ -36,9 +36,7 @@ impl Sandbox {
         let of_init = || PathBuf::from(format!("/proc/{}/ns/net", self.init_pid()));
         match self {
             Sandbox::Jail(_) => of_init(),
-            Sandbox::Container(container) => container
-                .egress_netns()
-                .map_or_else(of_init, Path::to_path_buf),
+            Sandbox::Container(container) => container.egress_netns().unwrap_or_else(of_init),
         }
     }
 

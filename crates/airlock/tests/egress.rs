@@ -545,7 +545,7 @@ s = socket.create_connection(('198.51.100.2', 8000), timeout=5)
 print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
 \"",
     );
-    if common::test_tier() != "gvisor" {
+    if !common::on_gvisor() {
         assert!(
             out.trim().parse::<u32>().is_ok_and(|mss| mss > 16_000),
             "segment size of an intercepted connection: {out}"
@@ -643,7 +643,7 @@ for kind, proto in ((socket.SOCK_DGRAM, socket.IPPROTO_ICMP), (socket.SOCK_RAW, 
     // On gVisor the guest's own stack sends them (it cannot know the
     // rules of the namespace beyond its link) and they are dropped where
     // they arrive; on the other tiers the sending call fails with EPERM.
-    let expected = if common::test_tier() == "gvisor" {
+    let expected = if common::on_gvisor() {
         "sent\nrcode 3\nicmp sent\nicmp refused\n"
     } else {
         "refused 1\nrcode 3\nicmp refused\nicmp refused\n"

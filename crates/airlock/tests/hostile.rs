@@ -21,13 +21,6 @@ fn only_sandbox_pids_are_visible() {
     assert!(pids.len() < 10, "host processes are visible: {pids:?}");
 }
 
-/// Whether this run of the suite is on the gvisor tier (scripts/test runs
-/// it once per tier): the sandbox's kernel is gVisor's, so a check of the
-/// host kernel's answer becomes a check of gVisor's where they differ.
-fn on_gvisor() -> bool {
-    test_tier() == "gvisor"
-}
-
 #[test]
 fn agent_environment_and_host_environment_are_unreadable() {
     let value = sh_json(&[], "cat /proc/1/environ >/dev/null 2>&1 && echo READ || echo denied; grep -l host-secret-value /proc/*/environ 2>/dev/null | wc -l");

@@ -196,20 +196,20 @@ impl GuestLink {
     /// The guest namespace (a path any process of the host can open while
     /// this value lives).
     pub fn guest_path(&self) -> std::path::PathBuf {
-        use std::os::fd::AsRawFd;
-        format!("/proc/{}/fd/{}", std::process::id(), self.guest.as_raw_fd()).into()
+        descriptor_path(&self.guest)
     }
 
     /// The egress namespace, where the egress path binds.
     pub fn egress_path(&self) -> std::path::PathBuf {
-        use std::os::fd::AsRawFd;
-        format!(
-            "/proc/{}/fd/{}",
-            std::process::id(),
-            self.egress.as_raw_fd()
-        )
-        .into()
+        descriptor_path(&self.egress)
     }
+}
+
+/// `/proc/<this process>/fd/<n>` of `file`: a path to it other processes
+/// of the host can open.
+fn descriptor_path(file: &std::fs::File) -> std::path::PathBuf {
+    use std::os::fd::AsRawFd;
+    format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd()).into()
 }
 
 fn move_into(namespace: &std::fs::File) -> Result<(), NetError> {

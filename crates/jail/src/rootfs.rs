@@ -461,6 +461,13 @@ pub fn guest_plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> Root
     plan
 }
 
+/// The generated `/etc/resolv.conf` of a sandbox whose resolver is at
+/// `nameserver` (the egress resolver: `127.0.0.1`, or where a guest kernel
+/// with a loopback of its own reaches it).
+pub fn resolv_conf(nameserver: std::net::IpAddr) -> String {
+    format!("nameserver {nameserver}\noptions edns0\n")
+}
+
 /// The generated `/etc` of the `host` template: identities and names only.
 fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -484,7 +491,7 @@ fn generated_etc(hostname: &str) -> Vec<(&'static str, String)> {
         // network; with policy `none` lookups fail at once.
         (
             "resolv.conf",
-            "nameserver 127.0.0.1\noptions edns0\n".into(),
+            resolv_conf(std::net::Ipv4Addr::LOCALHOST.into()),
         ),
         (
             "nsswitch.conf",

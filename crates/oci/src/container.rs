@@ -104,9 +104,6 @@ pub struct Container {
     channel: Option<UnixStream>,
     /// A networked gVisor sandbox's way to the egress namespace.
     guest_link: Option<airlock_jail::net::GuestLink>,
-    /// The network namespace the egress path binds in, when it is not the
-    /// container init's.
-    egress_netns: Option<PathBuf>,
     mounted: bool,
     torn_down: bool,
 }
@@ -204,7 +201,6 @@ impl Container {
             killed: std::sync::Mutex::new(Vec::new()),
             init_pid: 0,
             channel: None,
-            egress_netns: guest_link.as_ref().map(|link| link.egress_path()),
             guest_link,
             mounted: false,
             torn_down: false,
@@ -347,10 +343,7 @@ impl Container {
             for op in &mut plan.ops {
                 if let SetupOp::WriteFile { path, contents, .. } = op {
                     if path == "etc/resolv.conf" {
-                        *contents = format!(
-                            "nameserver {}\noptions edns0\n",
-                            airlock_jail::net::GUEST_GATEWAY_V4
-                        );
+                        *contents = rootfs::resolv_conf(airlock_jail::net::GUEST_GATEWAY_V4.into());
                     }
                 }
             }
@@ -563,8 +556,10 @@ impl Container {
     /// The network namespace the sandbox's egress path binds in (a path
     /// that stays valid while this value lives) when it is not the one its
     /// init is in (gVisor's guest link).
-    pub fn egress_netns(&self) -> Option<&Path> {
-        self.egress_netns.as_deref()
+    pub fn egress_netns(&self) -> Option<PathBuf> {
+        self.guest_link
+            .as_ref()
+            .map(airlock_jail::net::GuestLink::egress_path)
     }
 
     /// The host end of the agent channel; `None` after it was taken.

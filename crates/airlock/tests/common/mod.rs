@@ -44,6 +44,14 @@ pub fn test_tier() -> String {
     std::env::var("AIRLOCK_TEST_TIER").unwrap_or_else(|_| "process".into())
 }
 
+/// Whether this run of the suite is on the gvisor tier (scripts/test runs
+/// the suites once per tier): the sandbox's kernel is gVisor's, so a check
+/// of the host kernel's answer becomes a check of gVisor's where they
+/// differ.
+pub fn on_gvisor() -> bool {
+    test_tier() == "gvisor"
+}
+
 /// `airlock run ARGS` feeding `stdin`.
 /// With `AIRLOCK_TEST_TEMPLATE=base` (scripts/test sets it for a second
 /// run of the hostile suite), a run that names no template runs on the
