@@ -223,16 +223,20 @@ fn mounts(spec: &SandboxSpec, placement: &Placement<'_>) -> Result<Vec<Mount>, B
 /// gofer's threads and the runtime's own process.
 pub const GVISOR_HOST_TASKS: u32 = 256;
 
-/// The pids limit of a sandbox's host cgroup. Under gVisor every guest
-/// task is a host thread beside the sentry's own, so the host cgroup gets
-/// room for twice the guest's (root's and `user`'s are counted apart, see
-/// [`rlimits`]) and the sentry's; runc's container is the host's tasks.
+/// The pids limit of a sandbox's host cgroup. Under gVisor's ptrace
+/// platform every guest task costs host tasks (its stub, sentry threads)
+/// and the guest's limit is counted per user (root's and `user`'s apart,
+/// see [`rlimits`]); a sentry that cannot make a host task panics and
+/// takes the sandbox down, so the host cgroup gets 16 tasks per guest task
+/// and the sentry's own: at 8, a fork bomb crashed the sandbox in about
+/// half the runs instead of meeting the guest's limit. runc's container is
+/// the host's tasks.
 pub fn host_pids(spec: &SandboxSpec, kind: Kind) -> u32 {
     match kind {
         Kind::Gvisor => spec
             .limits
             .pids
-            .saturating_mul(8)
+            .saturating_mul(16)
             .saturating_add(GVISOR_HOST_TASKS),
         Kind::Runc => spec.limits.pids,
     }
