@@ -277,8 +277,11 @@ fn commands_run_with_output_exit_codes_stdin_list_and_signals() {
 fn terminals_start_take_input_resize_and_end() {
     let daemon = TestDaemon::start(&[]);
     let sbx = Sandbox::new(&daemon);
-    let script = "test -t 0 && test -t 1 && echo on-a-tty; stty size; read line; \
-                  echo \"got $line\"; stty size; exit 3";
+    // The script marks when it has printed the first size, so the resize
+    // below cannot overtake it (a slow tier may not have run `stty` yet when
+    // the process is listed).
+    let script = "test -t 0 && test -t 1 && echo on-a-tty; stty size; : > /tmp/sized; \
+                  read line; echo \"got $line\"; stty size; exit 3";
     let (pid, (answer, frames)) = std::thread::scope(|scope| {
         let start = scope.spawn(|| {
             sbx.stream(
@@ -300,6 +303,11 @@ fn terminals_start_take_input_resize_and_end() {
                 pid = p["pid"].as_u64().unwrap();
             }
             pid > 0
+        }));
+        assert!(TestDaemon::wait_for(Duration::from_secs(20), || {
+            sbx.unary("filesystem.Filesystem/Stat", json!({"path": "/tmp/sized"}))
+                .status
+                == 200
         }));
         // Input of the wrong kind, and closing a terminal's input, are refused.
         let piped = sbx.unary(
