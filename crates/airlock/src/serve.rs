@@ -626,8 +626,8 @@ pub fn in_path(binary: &Path) -> PathBuf {
 
 /// A tier's name (`process`, `oci`, `gvisor`).
 fn parse_tier(text: &str) -> Result<airlock_policy::Tier, String> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned()))
-        .map_err(|_| format!("{text:?} is not a tier (process, oci, gvisor)"))
+    text.parse()
+        .map_err(|e: airlock_policy::UnknownTier| e.to_string())
 }
 
 /// `TEMPLATE=TIER`.

@@ -8,6 +8,7 @@
 mod common;
 
 use common::daemon::*;
+use common::images::{busybox_layer, config, docker_save};
 use serde_json::json;
 use std::time::Duration;
 
@@ -290,4 +291,146 @@ fn a_create_naming_no_tier_gets_its_templates_or_the_daemons() {
     for id in [&gvisor, &plain] {
         assert_gone_with_its_bundle(id);
     }
+}
+
+/// `airlock template ... --json ARGS` against `daemon` → its last JSON line.
+fn template_cli(daemon: &TestDaemon, args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(common::binary())
+        .arg("template")
+        .args(args)
+        .args(["--json", "--url", &daemon.url, "--api-key", &daemon.key])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "template {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let last = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    serde_json::from_str(last).unwrap_or_else(|_| serde_json::from_str(&stdout).unwrap())
+}
+
+#[test]
+fn a_template_records_its_own_tier_which_creates_naming_none_run_on() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&["--template-tier", "tiny=oci"]);
+    let dir = tempfile::tempdir().unwrap();
+    let layers = vec![busybox_layer()];
+    let archive = dir.path().join("tiny.tar");
+    let image = docker_save(&layers, &config(&layers, &["PATH=/bin"], "/"), "tiny:1");
+    std::fs::write(&archive, image).unwrap();
+    // Made with a tier: its sandboxes run there, the request's own tier
+    // still wins, and the operator's --template-tier yields to it.
+    let made = template_cli(
+        &daemon,
+        &[
+            "import",
+            archive.to_str().unwrap(),
+            "--name",
+            "tiny",
+            "--tier",
+            "gvisor",
+        ],
+    );
+    assert_eq!(made["template"]["tier"], "gvisor", "{made}");
+    let tier_of = |body: serde_json::Value| {
+        let sandbox = daemon.create(body);
+        let id = sandbox["id"].as_str().unwrap().to_owned();
+        let (out, code) = daemon.sh_out(&id, "uname -rv; echo ran");
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("ran"), "{out}");
+        (sandbox["tier"].as_str().unwrap().to_owned(), out)
+    };
+    let (tier, seen) = tier_of(json!({"template": "tiny"}));
+    assert_eq!(tier, "gvisor");
+    assert!(
+        seen.starts_with("4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016\n"),
+        "a gvisor sandbox sees gVisor's kernel: {seen}"
+    );
+    assert_eq!(
+        tier_of(json!({"template": "tiny", "tier": "process"})).0,
+        "process"
+    );
+    // e2b: the template's tier applies too.
+    let e2b_made = e2b(
+        &daemon,
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "tiny", "timeout": 60})),
+    );
+    assert_eq!(e2b_made.status, 201, "{}", e2b_made.text());
+    let e2b_id = e2b_made.json()["sandboxID"].as_str().unwrap().to_owned();
+    let seen = daemon
+        .call("GET", &format!("/v1/sandboxes/{e2b_id}"), None)
+        .json();
+    assert_eq!(seen["tier"], "gvisor", "{seen}");
+    // A new import under the name keeps the name's tier; a pinned
+    // reference resolves to the same one.
+    let again = template_cli(
+        &daemon,
+        &["import", archive.to_str().unwrap(), "--name", "tiny"],
+    );
+    assert_eq!(again["template"]["tier"], "gvisor", "{again}");
+    let digest = again["template"]["digest"].as_str().unwrap();
+    assert_eq!(
+        tier_of(json!({"template": format!("tiny@{digest}")})).0,
+        "gvisor"
+    );
+    // Changed, then cleared: the operator's --template-tier applies again.
+    let changed = template_cli(&daemon, &["tier", "tiny", "process"]);
+    assert_eq!(changed["tier"], "process", "{changed}");
+    assert_eq!(tier_of(json!({"template": "tiny"})).0, "process");
+    let cleared = template_cli(&daemon, &["tier", "tiny", "--clear"]);
+    assert!(cleared.get("tier").is_none(), "{cleared}");
+    assert_eq!(tier_of(json!({"template": "tiny"})).0, "oci");
+    // Bad input changes nothing: not a tier, an unknown field, a malformed
+    // body, an unknown template, a key that is not an admin's.
+    for (body, status) in [
+        (&br#"{"tier": "vm9"}"#[..], 400),
+        (br#"{"tier": 3}"#, 400),
+        (br#"{"tier": "oci", "pool": 1}"#, 400),
+        (br#"{"tier""#, 400),
+    ] {
+        let answer = daemon.call_as(
+            Some(&daemon.key),
+            "PATCH",
+            "/v1/templates/tiny",
+            Some(body),
+            Some("application/json"),
+            &[],
+        );
+        assert_eq!(answer.status, status, "{}", answer.text());
+        assert_eq!(answer.code(), "bad_request", "{}", answer.text());
+    }
+    let missing = daemon.call("PATCH", "/v1/templates/nope", Some(json!({"tier": "oci"})));
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    let output = std::process::Command::new(common::binary())
+        .args(["keys", "create", "tenant", "--json", "--data-dir"])
+        .arg(daemon.data_dir())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let tenant: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let user_key = tenant["key"].as_str().unwrap().to_owned();
+    let refused = daemon.call_as(
+        Some(&user_key),
+        "PATCH",
+        "/v1/templates/tiny",
+        Some(br#"{"tier": "gvisor"}"#),
+        Some("application/json"),
+        &[],
+    );
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    let listed = daemon.call("GET", "/v1/templates/tiny", None).json();
+    assert!(listed.get("tier").is_none(), "{listed}");
+    daemon.delete_all();
 }

@@ -180,7 +180,11 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(files::watch))
         .routes(routes!(native::list_tiers))
         .routes(routes!(templates::list_templates))
-        .routes(routes!(templates::get_template, templates::delete_template))
+        .routes(routes!(
+            templates::get_template,
+            templates::patch_template,
+            templates::delete_template
+        ))
         .routes(routes!(templates::import_template))
         .routes(routes!(templates::pull_template))
         .routes(routes!(templates::bootstrap_template))

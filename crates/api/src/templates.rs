@@ -56,6 +56,35 @@ pub struct TemplateView {
     pub config: serde_json::Value,
     /// RFC 3339.
     pub created_at: String,
+    /// The tier its sandboxes run on when a create names none; absent
+    /// when it has none of its own (the daemon's `--template-tier` or
+    /// `--default-tier` then applies).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+}
+
+/// Body of `PATCH /v1/templates/{name}`: the settings to change; a field
+/// left out stays as it is.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplatePatch {
+    /// The tier its sandboxes run on when a create names none (`process`,
+    /// `oci`, `gvisor`), or `null` to fall back to the daemon's default.
+    /// It need not be available on this host: a create then answers 400
+    /// with the tier's reason.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<String>, nullable)]
+    pub tier: Option<Option<String>>,
+}
+
+/// A field that is present, `null` included (`Some(None)`), as against
+/// absent (`None`, by `default`).
+fn present<'de, D, T>(deserializer: D) -> std::result::Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// Templates.
@@ -134,6 +163,10 @@ pub struct PullRequest {
     /// `HOST[:PORT]/REPOSITORY[:TAG][@sha256:DIGEST]`, in a registry the
     /// daemon is configured to pull from.
     pub image: String,
+    /// The tier its sandboxes run on when a create names none (`process`,
+    /// `oci`, `gvisor`), recorded with it [default: the one a template of
+    /// that name had, else none].
+    pub tier: Option<String>,
 }
 
 /// Body of `POST /v1/templates/{name}/bootstrap`.
@@ -144,6 +177,10 @@ pub struct BootstrapRequest {
     /// (bash, coreutils, python3 with pip and venv, git, curl,
     /// ca-certificates, procps, sudo, nodejs, npm) when absent.
     pub packages: Option<Vec<String>>,
+    /// The tier its sandboxes run on when a create names none (`process`,
+    /// `oci`, `gvisor`), recorded with it [default: the one a template of
+    /// that name had, else none].
+    pub tier: Option<String>,
 }
 
 /// Query of `POST /v1/templates/{name}/import`.
@@ -153,6 +190,10 @@ pub struct BootstrapRequest {
 pub struct ImportParams {
     /// Which image of an archive holding several (a tag it lists).
     pub image: Option<String>,
+    /// The tier its sandboxes run on when a create names none (`process`,
+    /// `oci`, `gvisor`), recorded with it [default: the one a template of
+    /// that name had, else none].
+    pub tier: Option<String>,
 }
 
 fn view(api: &Api, row: TemplateRow) -> TemplateView {
@@ -169,6 +210,7 @@ fn view(api: &Api, row: TemplateRow) -> TemplateView {
                 .map_or(0, |l| l.bytes),
         })
         .collect();
+    let tier = airlock_daemon::templates::recorded_tier(&row).map(|t| t.as_str().to_owned());
     TemplateView {
         name: row.name,
         digest: row.digest,
@@ -177,6 +219,7 @@ fn view(api: &Api, row: TemplateRow) -> TemplateView {
         layers,
         config: row.config,
         created_at: rfc3339(row.created_at),
+        tier,
     }
 }
 
@@ -210,6 +253,32 @@ pub async fn get_template(
     Path(name): Path<String>,
 ) -> Result<Json<TemplateView>> {
     caller.key()?;
+    let row = api.daemon.template(&name)?;
+    Ok(Json(view(&api, row)))
+}
+
+/// Changes a template's settings (admin): today its tier.
+#[utoipa::path(patch, path = "/v1/templates/{name}", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    request_body = TemplatePatch,
+    responses(
+        (status = 200, description = "The template, changed", body = TemplateView),
+        (status = 400, description = "Not a tier, or a malformed body", body = ErrorBody),
+        (status = 403, description = "Not an admin key", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+    ))]
+pub async fn patch_template(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+    body: std::result::Result<Json<TemplatePatch>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<TemplateView>> {
+    caller.admin()?;
+    let Json(patch) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if let Some(tier) = patch.tier {
+        api.daemon
+            .set_template_tier(&name, tier_param(tier.as_deref())?)?;
+    }
     let row = api.daemon.template(&name)?;
     Ok(Json(view(&api, row)))
 }
@@ -284,6 +353,7 @@ pub async fn import_template(
 ) -> Result<Response> {
     caller.admin()?;
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let tier = tier_param(params.tier.as_deref())?;
     if !airlock_daemon::templates::is_template_name(&name) || name == "host" {
         return Err(ApiError::bad_request(format!(
             "{name:?} cannot name a template: use 1 to 128 letters, digits and ._-: (not `host`)"
@@ -324,7 +394,7 @@ pub async fn import_template(
         let imported =
             daemon.import_template(&name, &archive_path, params.image.as_deref(), &mut progress);
         drop(staging);
-        let _ = events.blocking_send(outcome(Api { daemon }, imported));
+        let _ = events.blocking_send(outcome(Api { daemon }, imported, tier));
     });
     Ok(ndjson(receiver))
 }
@@ -465,6 +535,10 @@ pub struct BuildParams {
     /// Run every step, even those the build cache holds.
     #[serde(default)]
     pub no_cache: bool,
+    /// The tier its sandboxes run on when a create names none (`process`,
+    /// `oci`, `gvisor`), recorded with it [default: the one a template of
+    /// that name had, else none].
+    pub tier: Option<String>,
 }
 
 /// The Dockerfile name the CLI gives a Dockerfile from outside the context.
@@ -501,6 +575,7 @@ pub async fn build_template(
 ) -> Result<Response> {
     let owner = caller.admin()?.clone();
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let tier = tier_param(params.tier.as_deref())?;
     airlock_daemon::templates::check_new_template_name(&name)?;
     let build_args: std::collections::BTreeMap<String, String> = match &params.build_args {
         None => Default::default(),
@@ -578,7 +653,7 @@ pub async fn build_template(
     tokio::spawn(async move {
         let built = daemon.build_template(&owner, request, events).await;
         drop(context);
-        let line = match outcome(Api { daemon }, built) {
+        let line = match outcome(Api { daemon }, built, tier) {
             TemplateEvent::Done { template } => BuildLine::Done { template },
             TemplateEvent::Error { code, message } => BuildLine::Error { code, message },
             _ => return,
@@ -646,10 +721,29 @@ fn ndjson<T: Serialize + Send + 'static>(receiver: tokio::sync::mpsc::Receiver<T
 }
 
 /// The last event of an import or a pull.
+/// A request's `tier`, or what is wrong with it (400).
+fn tier_param(tier: Option<&str>) -> Result<Option<airlock_policy::Tier>> {
+    tier.map(str::parse)
+        .transpose()
+        .map_err(|e: airlock_policy::UnknownTier| {
+            ApiError::bad_request(format!("tier: {e} (see GET /v1/tiers)"))
+        })
+}
+
+/// The last event of an import, pull, bootstrap or build: the template,
+/// with `tier` recorded when one was asked for, or the error.
 fn outcome(
     api: Api,
     result: std::result::Result<TemplateRow, airlock_daemon::DaemonError>,
+    tier: Option<airlock_policy::Tier>,
 ) -> TemplateEvent {
+    let result = result.and_then(|mut row| {
+        if let Some(tier) = tier {
+            api.daemon.set_template_tier(&row.name, Some(tier))?;
+            row.tier = Some(tier.as_str().to_owned());
+        }
+        Ok(row)
+    });
     match result {
         Ok(row) => TemplateEvent::Done {
             template: view(&api, row),
@@ -693,6 +787,7 @@ pub async fn bootstrap_template(
         })?
     };
     airlock_daemon::templates::check_new_template_name(&name)?;
+    let tier = tier_param(request.tier.as_deref())?;
     // Refused before the answer starts streaming.
     airlock_layers::bootstrap::check_packages(request.packages.as_deref().unwrap_or_default())
         .map_err(|e| ApiError::bad_request(format!("packages: {e}")))?;
@@ -708,7 +803,7 @@ pub async fn bootstrap_template(
             let _ = progress_events.try_send(event);
         };
         let built = daemon.bootstrap_template(&name, request.packages, &mut progress);
-        let _ = events.blocking_send(outcome(Api { daemon }, built));
+        let _ = events.blocking_send(outcome(Api { daemon }, built, tier));
     });
     Ok(ndjson(receiver))
 }
@@ -738,6 +833,7 @@ pub async fn pull_template(
     // A bad reference or a refused registry is refused before the answer
     // starts streaming.
     api.daemon.check_pull(&name, &request.image)?;
+    let tier = tier_param(request.tier.as_deref())?;
     let (events, receiver) = tokio::sync::mpsc::channel::<TemplateEvent>(64);
     let progress_events = events.clone();
     let progress = std::sync::Arc::new(move |p: PullProgress| {
@@ -779,7 +875,7 @@ pub async fn pull_template(
     // recorded (or, on failure, removed) either way.
     tokio::spawn(async move {
         let pulled = daemon.pull_template(&name, &request.image, progress).await;
-        let _ = events.send(outcome(Api { daemon }, pulled)).await;
+        let _ = events.send(outcome(Api { daemon }, pulled, tier)).await;
     });
     Ok(ndjson(receiver))
 }

@@ -164,8 +164,9 @@ pub struct CreateSandbox {
     /// Template name; `host` (also `base`) is the default.
     pub template: Option<String>,
     /// Isolation tier (`process`, `oci`, `gvisor`; see `GET /v1/tiers`);
-    /// by default the template's (`serve --template-tier`), else the
-    /// daemon's (`serve --default-tier`, `process` unless set).
+    /// by default the template's own (`PATCH /v1/templates/{name}`), else
+    /// the operator's for it (`serve --template-tier`), else the daemon's
+    /// (`serve --default-tier`, `process` unless set).
     pub tier: Option<String>,
     /// Lifetime in seconds (default 300).
     pub timeout_s: Option<u64>,
@@ -196,7 +197,7 @@ impl CreateSandbox {
         let tier_given = self.tier.is_some();
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
         if !tier_given {
-            spec.tier = daemon.default_tier_of(&template);
+            spec.tier = daemon.default_tier_of(&template, &resolved);
         }
         spec.template = resolved.template;
         Daemon::apply_template_config(&mut spec, &resolved.config);
@@ -234,10 +235,9 @@ impl CreateSandbox {
         let mut spec = SandboxSpec::default();
         if let Some(tier) = self.tier.as_deref() {
             // Which tier; whether it runs here is the daemon's to say.
-            spec.tier = serde_json::from_value(serde_json::Value::String(tier.to_owned()))
-                .map_err(|_| {
-                    format!("tier: {tier:?} is not a tier of airlock's (see GET /v1/tiers)")
-                })?;
+            spec.tier = tier.parse().map_err(|e: airlock_policy::UnknownTier| {
+                format!("tier: {e} (see GET /v1/tiers)")
+            })?;
         }
         let timeout_s = self
             .timeout_s

@@ -503,19 +503,24 @@ impl Daemon {
         self.inner.tiers.statuses()
     }
 
-    /// The configuration in force.
-    /// The tier a create on `template` (a name as a request gives it)
-    /// runs on when it names none: the template's, else the daemon's.
-    pub fn default_tier_of(&self, template: &str) -> airlock_policy::Tier {
+    /// The tier a create on `template` (a name as a request gives it,
+    /// resolved as `resolved`) runs on when it names none: the template's
+    /// own, else the operator's for that name (`template_tiers`), else the
+    /// daemon's.
+    pub fn default_tier_of(
+        &self,
+        template: &str,
+        resolved: &templates::ResolvedTemplate,
+    ) -> airlock_policy::Tier {
         let bare = template.split_once('@').map_or(template, |(bare, _)| bare);
         let config = self.config();
-        config
-            .template_tiers
-            .get(bare)
-            .copied()
+        resolved
+            .tier
+            .or_else(|| config.template_tiers.get(bare).copied())
             .unwrap_or(config.default_tier)
     }
 
+    /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }

@@ -18,7 +18,7 @@
 use crate::{Daemon, DaemonError};
 use airlock_layers::bootstrap::{BootstrapError, BootstrapProgress, Recipe};
 use airlock_layers::{ImageConfig, ImportProgress, ImportedImage, LayerStore};
-use airlock_policy::{SandboxSpec, Template};
+use airlock_policy::{SandboxSpec, Template, Tier};
 use airlock_registry::{ImageRef, PullError, PullLimits, PullProgress};
 use airlock_store::{NewTemplate, TemplateRow};
 use std::collections::HashSet;
@@ -39,6 +39,22 @@ pub struct ResolvedTemplate {
     pub layers: Vec<String>,
     /// How its processes start by default.
     pub config: ImageConfig,
+    /// The tier its sandboxes run on when a create names none, if the
+    /// template has one of its own.
+    pub tier: Option<Tier>,
+}
+
+/// The tier `row` records, if any (one this daemon cannot name, written
+/// by a newer airlock, counts as none).
+pub fn recorded_tier(row: &TemplateRow) -> Option<Tier> {
+    let name = row.tier.as_deref()?;
+    match name.parse() {
+        Ok(tier) => Some(tier),
+        Err(e) => {
+            tracing::warn!(template = %row.name, "ignoring the template's tier: {e}");
+            None
+        }
+    }
 }
 
 /// What [`Daemon::collect_garbage`] removed.
@@ -129,6 +145,7 @@ impl Daemon {
                 template: Template::Host,
                 layers: Vec::new(),
                 config: ImageConfig::default(),
+                tier: None,
             });
         }
         let (bare, pin) = match name.split_once('@') {
@@ -153,6 +170,7 @@ impl Daemon {
             let config = serde_json::from_value(row.config.clone()).unwrap_or_default();
             return Ok(ResolvedTemplate {
                 template: Template::Layers { layers: paths },
+                tier: recorded_tier(&row),
                 layers: row.layers,
                 config,
             });
@@ -163,6 +181,7 @@ impl Daemon {
                 template: Template::Dir { path: dir },
                 layers: Vec::new(),
                 config: ImageConfig::default(),
+                tier: None,
             });
         }
         if bare == BASE && pin.is_none() {
@@ -187,6 +206,19 @@ impl Daemon {
             if let Some(dir) = config.workdir.as_ref().filter(|d| d.starts_with('/')) {
                 spec.cwd = Some(dir.clone());
             }
+        }
+    }
+
+    /// Sets (with `None`, clears) the tier template `name`'s sandboxes run
+    /// on when a create names none. The tier need not be available here:
+    /// a create then answers with the tier's probe sentence.
+    pub fn set_template_tier(&self, name: &str, tier: Option<Tier>) -> Result<(), DaemonError> {
+        match self.with_store(|s| s.set_template_tier(name, tier.map(Tier::as_str))) {
+            Ok(()) => Ok(()),
+            Err(airlock_store::StoreError::NotFound { .. }) => Err(DaemonError::NotFound(format!(
+                "there is no template named {name:?} (the built-in ones take `serve --template-tier`)"
+            ))),
+            Err(e) => Err(e.into()),
         }
     }
 

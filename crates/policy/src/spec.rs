@@ -109,7 +109,26 @@ pub enum Tier {
     Gvisor,
 }
 
+/// A name that is not one of [`Tier::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a tier of airlock's (process, oci, gvisor)")]
+pub struct UnknownTier(pub String);
+
+impl std::str::FromStr for Tier {
+    type Err = UnknownTier;
+
+    fn from_str(name: &str) -> Result<Tier, UnknownTier> {
+        Tier::ALL
+            .into_iter()
+            .find(|tier| tier.as_str() == name)
+            .ok_or_else(|| UnknownTier(name.to_owned()))
+    }
+}
+
 impl Tier {
+    /// Every tier, weakest boundary first.
+    pub const ALL: [Tier; 3] = [Tier::Process, Tier::Oci, Tier::Gvisor];
+
     /// The tier's name, as the API spells it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -446,6 +465,23 @@ pub fn is_normalized_absolute(path: &str) -> bool {
 mod tests {
     use super::*;
     use crate::network::MAX_RULES;
+
+    #[test]
+    fn tier_names_round_trip_and_match_serde() {
+        for tier in Tier::ALL {
+            assert_eq!(tier.as_str().parse::<Tier>(), Ok(tier));
+            assert_eq!(
+                serde_json::to_value(tier).unwrap(),
+                serde_json::Value::String(tier.as_str().into())
+            );
+        }
+        let err = "vm9".parse::<Tier>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "\"vm9\" is not a tier of airlock's (process, oci, gvisor)"
+        );
+        assert!("Process".parse::<Tier>().is_err());
+    }
 
     #[test]
     fn defaults_are_valid_and_closed() {

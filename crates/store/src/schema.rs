@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -143,6 +143,12 @@ CREATE INDEX build_steps_by_layer ON build_steps (diff_id);
 /// tier's records do.
 const V4: &str = r#"
 ALTER TABLE sandboxes DROP COLUMN supervisor_pid;
+"#;
+
+/// Version 5: a template's own tier, the one its sandboxes run on when a
+/// create names none (NULL: the daemon's default).
+const V5: &str = r#"
+ALTER TABLE templates ADD COLUMN tier TEXT CHECK (tier IS NULL OR length(tier) BETWEEN 1 AND 32);
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

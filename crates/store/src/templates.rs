@@ -34,6 +34,9 @@ pub struct TemplateRow {
     pub layers: Vec<String>,
     /// Unix milliseconds.
     pub created_at: i64,
+    /// The tier its sandboxes run on when a create names none (`None`:
+    /// the daemon's default). A tier's name; the store does not judge it.
+    pub tier: Option<String>,
 }
 
 /// A template to record.
@@ -98,7 +101,8 @@ impl Store {
     }
 
     /// Records a template, replacing one of the same name (its old layers
-    /// stay until nothing references them). All or nothing.
+    /// stay until nothing references them; its tier carries over, since
+    /// the tier belongs to the name). All or nothing.
     pub fn put_template(&self, new: &NewTemplate) -> Result<TemplateRow, StoreError> {
         if !new.config.is_object() {
             return Err(StoreError::InvalidJson {
@@ -108,20 +112,27 @@ impl Store {
         }
         let created_at = now_millis();
         let tx = self.conn.unchecked_transaction()?;
+        let tier: Option<String> = self
+            .conn
+            .prepare_cached("SELECT tier FROM templates WHERE name = ?1")?
+            .query_row([&new.name], |row| row.get(0))
+            .optional()?
+            .flatten();
         self.conn
             .prepare_cached("DELETE FROM templates WHERE name = ?1")?
             .execute([&new.name])?;
         self.conn
             .prepare_cached(
-                "INSERT INTO templates (name, digest, source, config_json, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO templates (name, digest, source, config_json, created_at, tier) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
             .execute(params![
                 new.name,
                 new.digest,
                 new.source,
                 new.config.to_string(),
-                created_at
+                created_at,
+                tier
             ])?;
         for (position, diff_id) in new.layers.iter().enumerate() {
             let inserted = self
@@ -148,7 +159,23 @@ impl Store {
             config: new.config.clone(),
             layers: new.layers.clone(),
             created_at,
+            tier,
         })
+    }
+
+    /// Sets (or with `None` clears) the tier of template `name`.
+    pub fn set_template_tier(&self, name: &str, tier: Option<&str>) -> Result<(), StoreError> {
+        let changed = self
+            .conn
+            .prepare_cached("UPDATE templates SET tier = ?2 WHERE name = ?1")?
+            .execute(params![name, tier])?;
+        if changed == 0 {
+            return Err(StoreError::NotFound {
+                kind: Entity::Template,
+                id: name.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The template `name`, if recorded.
@@ -156,7 +183,8 @@ impl Store {
         let row = self
             .conn
             .prepare_cached(
-                "SELECT name, digest, source, config_json, created_at FROM templates WHERE name = ?1",
+                "SELECT name, digest, source, config_json, created_at, tier \
+                 FROM templates WHERE name = ?1",
             )?
             .query_row([name], |row| {
                 Ok(TemplateRow {
@@ -166,6 +194,7 @@ impl Store {
                     config: json_column(row, 3)?,
                     layers: Vec::new(),
                     created_at: row.get(4)?,
+                    tier: row.get(5)?,
                 })
             })
             .optional()?;

@@ -6,8 +6,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use airlock_store::{
-    hash_secret, new_sandbox_id, new_secret, Entity, ListQuery, NewEvent, NewSandbox, Page,
-    SandboxRow, State, Store, StoreError, Stream, SCHEMA_VERSION,
+    hash_secret, new_sandbox_id, new_secret, Entity, ListQuery, NewEvent, NewSandbox, NewTemplate,
+    Page, SandboxRow, State, Store, StoreError, Stream, SCHEMA_VERSION,
 };
 use serde_json::json;
 
@@ -1041,4 +1041,38 @@ fn pruning_keeps_recent_events_and_at_most_max_rows() {
         0,
         "nothing more to do"
     );
+}
+
+#[test]
+fn a_template_keeps_its_tier_across_a_rebuild_until_it_is_cleared() {
+    let store = Store::open_in_memory().unwrap();
+    let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    store.record_layer(&digest('a'), 10, 1).unwrap();
+    let new = |d: char| NewTemplate {
+        name: "base".into(),
+        digest: digest(d),
+        source: "test".into(),
+        config: serde_json::json!({}),
+        layers: vec![digest('a')],
+    };
+    assert_eq!(store.put_template(&new('b')).unwrap().tier, None);
+    store.set_template_tier("base", Some("gvisor")).unwrap();
+    assert_eq!(
+        store.get_template("base").unwrap().unwrap().tier.as_deref(),
+        Some("gvisor")
+    );
+    // A rebuild under the same name keeps the name's tier.
+    let rebuilt = store.put_template(&new('c')).unwrap();
+    assert_eq!(rebuilt.tier.as_deref(), Some("gvisor"));
+    assert_eq!(
+        store.templates().unwrap()[0].tier.as_deref(),
+        Some("gvisor")
+    );
+    store.set_template_tier("base", None).unwrap();
+    assert_eq!(store.get_template("base").unwrap().unwrap().tier, None);
+    // Unknown names and absurd values are refused and change nothing.
+    let err = store.set_template_tier("nope", Some("oci")).unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+    assert!(store.set_template_tier("base", Some("")).is_err());
+    assert_eq!(store.get_template("base").unwrap().unwrap().tier, None);
 }

@@ -317,6 +317,16 @@ impl Api {
         read_json(&what, response)
     }
 
+    /// `PATCH path` with a JSON body → the JSON answer.
+    pub fn patch_json(&self, path: &str, body: &Value) -> Result<Value, ClientError> {
+        let what = format!("PATCH {path}");
+        let request = self
+            .prepare(self.agent.patch(format!("{}{path}", self.base)), &[])
+            .content_type("application/json");
+        let response = self.check(&what, request.send(body.to_string()))?;
+        read_json(&what, response)
+    }
+
     /// `DELETE path?query`.
     pub fn delete(&self, path: &str, query: &[(&str, &str)]) -> Result<(), ClientError> {
         let what = format!("DELETE {path}");

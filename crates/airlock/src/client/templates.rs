@@ -1,4 +1,5 @@
-//! `airlock template import | pull | ls | inspect | rm` and `airlock gc`:
+//! `airlock template import | pull | bootstrap | build | ls | inspect | rm |
+//! sbom | tier` and `airlock gc`:
 //! the daemon's templates and its layer store.
 
 use anyhow::{bail, Context, Result};
@@ -40,6 +41,34 @@ pub enum TemplateCommand {
     /// Print a template's software bill of materials (CycloneDX JSON: the
     /// dpkg, apk, Python and npm packages its layers hold).
     Sbom(SbomArgs),
+    /// Set the tier a template's sandboxes run on when a create names
+    /// none (`--clear`: the daemon's default again).
+    Tier(TierArgs),
+}
+
+/// `--tier` of the commands that make a template.
+#[derive(Args)]
+pub struct NewTierArg {
+    /// The tier its sandboxes run on when a create names none (process,
+    /// oci, gvisor), recorded with it [default: the one a template of
+    /// that name had, else the daemon's].
+    #[arg(long, value_name = "TIER")]
+    tier: Option<String>,
+}
+
+#[derive(Args)]
+pub struct TierArgs {
+    name: String,
+    /// process, oci or gvisor (`airlock tiers` tells which run here).
+    #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+    tier: Option<String>,
+    /// Forget the template's own tier.
+    #[arg(long)]
+    clear: bool,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
 }
 
 #[derive(Args)]
@@ -57,6 +86,8 @@ pub struct ImportArgs {
     #[arg(long)]
     json: bool,
     #[command(flatten)]
+    new_tier: NewTierArg,
+    #[command(flatten)]
     pub(super) conn: Connection,
 }
 
@@ -71,6 +102,8 @@ pub struct PullArgs {
     /// Print the progress events and the template as JSON lines.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    new_tier: NewTierArg,
     #[command(flatten)]
     pub(super) conn: Connection,
 }
@@ -92,6 +125,8 @@ pub struct BootstrapArgs {
     /// Print the progress events and the template as JSON lines.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    new_tier: NewTierArg,
     #[command(flatten)]
     pub(super) conn: Connection,
 }
@@ -116,6 +151,8 @@ pub struct BuildArgs {
     /// Print the build's events and the template as JSON lines.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    new_tier: NewTierArg,
     #[command(flatten)]
     pub(super) conn: Connection,
 }
@@ -178,7 +215,8 @@ pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
         TemplateCommand::Bootstrap(args) => {
             let api = args.conn.api()?;
             let packages = (!args.packages.is_empty()).then_some(args.packages.as_slice());
-            let template = bootstrap(&api, &args.name, packages, args.json)?;
+            let tier = args.new_tier.tier.as_deref();
+            let template = bootstrap(&api, &args.name, packages, tier, args.json)?;
             print_template(&template, args.json);
             Ok(ExitCode::SUCCESS)
         }
@@ -187,7 +225,29 @@ pub fn main(command: &TemplateCommand) -> Result<ExitCode> {
         TemplateCommand::Inspect(args) => inspect(args),
         TemplateCommand::Rm(args) => rm(args),
         TemplateCommand::Sbom(args) => sbom(args),
+        TemplateCommand::Tier(args) => {
+            let api = args.conn.api()?;
+            let template = set_tier(&api, &args.name, args.tier.as_deref())?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&template)?);
+            } else {
+                println!(
+                    "{}: {}",
+                    args.name,
+                    template["tier"].as_str().unwrap_or("the daemon's default")
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+/// Sets (or with `None`, clears) template `name`'s tier → its view.
+fn set_tier(api: &super::http::Api, name: &str, tier: Option<&str>) -> Result<Value> {
+    Ok(api.patch_json(
+        &format!("/v1/templates/{}", percent_path(name)),
+        &serde_json::json!({ "tier": tier }),
+    )?)
 }
 
 fn import(args: &ImportArgs) -> Result<ExitCode> {
@@ -223,6 +283,9 @@ fn import(args: &ImportArgs) -> Result<ExitCode> {
     if let Some(image) = &args.image {
         query.push(("image", image.as_str()));
     }
+    if let Some(tier) = &args.new_tier.tier {
+        query.push(("tier", tier.as_str()));
+    }
     let body = bar.wrap_read(file);
     let answer = api.post_stream(
         &format!("/v1/templates/{}/import", percent_path(&name)),
@@ -244,7 +307,7 @@ fn pull(args: &PullArgs) -> Result<ExitCode> {
     let answer = api
         .post_json_response(
             &format!("/v1/templates/{}/pull", percent_path(&name)),
-            &serde_json::json!({ "image": args.image }),
+            &serde_json::json!({ "image": args.image, "tier": args.new_tier.tier }),
         )?
         .into_body()
         .into_reader();
@@ -305,6 +368,9 @@ fn build(args: &BuildArgs) -> Result<ExitCode> {
     }
     if args.no_cache {
         query.push(("no_cache", "true".to_owned()));
+    }
+    if let Some(tier) = &args.new_tier.tier {
+        query.push(("tier", tier.clone()));
     }
     let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let answer = api.post_stream(
@@ -394,16 +460,20 @@ pub fn bootstrap(
     api: &super::http::Api,
     name: &str,
     packages: Option<&[String]>,
+    tier: Option<&str>,
     json: bool,
 ) -> Result<Value> {
     let bar = spinner(
         !json,
         format!("building template {name} from the apt sources"),
     );
-    let body = match packages {
-        Some(packages) => serde_json::json!({ "packages": packages }),
-        None => serde_json::json!({}),
-    };
+    let mut body = serde_json::json!({});
+    if let Some(packages) = packages {
+        body["packages"] = serde_json::json!(packages);
+    }
+    if let Some(tier) = tier {
+        body["tier"] = serde_json::json!(tier);
+    }
     let answer = api
         .post_json_response(
             &format!("/v1/templates/{}/bootstrap", percent_path(name)),
@@ -420,6 +490,9 @@ fn export(args: &BootstrapArgs) -> Result<ExitCode> {
     let Some(output) = &args.output else {
         bail!("--output names no file");
     };
+    if args.new_tier.tier.is_some() {
+        bail!("--tier is recorded with a template in a daemon; an archive (--output) carries none");
+    }
     let mut recipe = Recipe::default();
     if !args.packages.is_empty() {
         recipe.packages = args.packages.clone();
@@ -458,7 +531,7 @@ pub fn ensure_base(api: &super::http::Api) -> Result<()> {
         Ok(_) => Ok(()),
         Err(e) if e.api_code() == Some("not_found") => {
             eprintln!("airlock: building the base template (first use; it is kept for the next)");
-            bootstrap(api, "base", None, false).map(drop)
+            bootstrap(api, "base", None, None, false).map(drop)
         }
         Err(e) => Err(e.into()),
     }
@@ -615,12 +688,15 @@ fn ls(args: &LsArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&Value::Array(items))?);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut table = Table::new(&["NAME", "DIGEST", "LAYERS", "SIZE", "CREATED", "SOURCE"]);
+    let mut table = Table::new(&[
+        "NAME", "DIGEST", "TIER", "LAYERS", "SIZE", "CREATED", "SOURCE",
+    ]);
     for t in &items {
         let digest = t["digest"].as_str().unwrap_or_default();
         table.push(vec![
             t["name"].as_str().unwrap_or_default().to_owned(),
             digest.chars().take(19).collect(),
+            t["tier"].as_str().unwrap_or("-").to_owned(),
             t["layers"].as_array().map_or(0, Vec::len).to_string(),
             format_size(t["bytes"].as_u64().unwrap_or(0)),
             t["created_at"]
@@ -644,6 +720,10 @@ fn inspect(args: &InspectArgs) -> Result<ExitCode> {
     println!("name:     {}", t["name"].as_str().unwrap_or_default());
     println!("digest:   {}", t["digest"].as_str().unwrap_or_default());
     println!("source:   {}", t["source"].as_str().unwrap_or_default());
+    println!(
+        "tier:     {}",
+        t["tier"].as_str().unwrap_or("(the daemon's default)")
+    );
     println!("created:  {}", t["created_at"].as_str().unwrap_or_default());
     println!(
         "size:     {}",
