@@ -49,9 +49,47 @@ enum Command {
     EgressWorker,
 }
 
+/// `airlock run` alone: the same names and texts as [`Cli`]'s, without the
+/// rest of the tree. `run` starts a sandbox per call and `supervise` one
+/// per sandbox, where building every subcommand's arguments first costs a
+/// third of a millisecond (clap builds the whole tree to parse any of it).
+#[derive(Parser)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Sandboxes for untrusted, model-generated code"
+)]
+struct FastCli {
+    #[command(subcommand)]
+    command: FastCommand,
+}
+
+#[derive(Subcommand)]
+enum FastCommand {
+    /// Run one command in a fresh, ephemeral sandbox and tear it down.
+    Run(Box<run::RunArgs>),
+    /// Own one sandbox for the daemon: launch it, serve its agent channel on
+    /// a unix socket, tear it down when it ends. Not for direct use.
+    #[command(hide = true)]
+    Supervise(supervise::SuperviseArgs),
+}
+
+/// The command line, parsed against the narrow tree when it names one of
+/// the commands that must start fast.
+fn parse() -> Result<Command, clap::Error> {
+    let first = std::env::args_os().nth(1);
+    match first.as_ref().and_then(|a| a.to_str()) {
+        Some("run" | "supervise") => FastCli::try_parse().map(|cli| match cli.command {
+            FastCommand::Run(args) => Command::Run(args),
+            FastCommand::Supervise(args) => Command::Supervise(args),
+        }),
+        _ => Cli::try_parse().map(|cli| cli.command),
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let command = match parse() {
+        Ok(command) => command,
         Err(e) if e.use_stderr() => {
             eprintln!("airlock: error: {}", one_line(&e.render().to_string()));
             return ExitCode::from(EXIT_BAD_INPUT);
@@ -62,7 +100,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    match cli.command {
+    match command {
         Command::Run(args) => run::main(*args),
         Command::Client(cmd) => client::main(cmd),
         Command::Serve(args) => serve::main(*args),
