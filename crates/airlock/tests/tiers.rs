@@ -434,3 +434,82 @@ fn a_template_records_its_own_tier_which_creates_naming_none_run_on() {
     assert!(listed.get("tier").is_none(), "{listed}");
     daemon.delete_all();
 }
+
+/// The host uid a process runs as (its real uid, from /proc).
+fn host_uid(pid: u32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .and_then(|uid| uid.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_oci_sandboxs_root_is_an_unprivileged_host_uid_owning_its_own_files() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let layers = vec![busybox_layer()];
+    let archive = dir.path().join("tiny.tar");
+    let image = docker_save(&layers, &config(&layers, &["PATH=/bin"], "/"), "tiny:1");
+    std::fs::write(&archive, image).unwrap();
+    template_cli(
+        &daemon,
+        &["import", archive.to_str().unwrap(), "--name", "tiny"],
+    );
+    for network in [json!({"mode": "none"}), json!({"mode": "open"})] {
+        let created = daemon.create(json!({
+            "tier": "oci", "template": "tiny", "user": "root", "network": network,
+        }));
+        let id = created["id"].as_str().unwrap().to_owned();
+        // Root inside is the slot's first host uid, as on the process tier;
+        // the image's files are its own (idmapped), and what the setup
+        // made too: it may change /etc and /, and `user` its home.
+        let (out, code) = daemon.sh_out(
+            &id,
+            "cat /proc/self/uid_map; stat -c '%u %g' /bin/busybox /etc/hosts /home/user /; \
+             echo '10.0.0.1 x' >> /etc/hosts && touch /new && echo written; \
+             su -s /bin/sh user -c 'touch /home/user/mine && echo home' 2>&1 || true; \
+             ls /sys | wc -l",
+        );
+        assert_eq!(code, 0, "{out}");
+        let mut lines = out.lines();
+        let map: Vec<u64> = lines
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        assert_eq!(map[0], 0, "{out}");
+        assert!(
+            map[1] >= u64::from(common::UID_BASE),
+            "root is host root: {out}"
+        );
+        assert_eq!(map[2], 65536, "{out}");
+        assert_eq!(lines.next(), Some("0 0"), "the image's root files: {out}");
+        assert_eq!(lines.next(), Some("0 0"), "/etc/hosts: {out}");
+        assert_eq!(lines.next(), Some("1000 1000"), "/home/user: {out}");
+        assert_eq!(lines.next(), Some("0 0"), "/: {out}");
+        assert_eq!(lines.next(), Some("written"), "{out}");
+        let sys_entries: u32 = out.lines().last().unwrap().trim().parse().unwrap();
+        if network["mode"] == "open" {
+            // Joined to the host's egress namespace: no sysfs of the host's.
+            assert_eq!(sys_entries, 0, "{out}");
+        } else {
+            assert!(sys_entries > 0, "its own namespace keeps a sysfs: {out}");
+        }
+        // Seen from the host: every process of the sandbox is an
+        // unprivileged uid.
+        let pids = cgroup_pids(&id);
+        assert!(!pids.is_empty());
+        for pid in pids {
+            if cmdline(pid).contains("airlock-agent") {
+                assert!(host_uid(pid) >= common::UID_BASE, "{pid}: {}", cmdline(pid));
+            }
+        }
+        daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert_gone_with_its_bundle(&id);
+    }
+}

@@ -68,6 +68,11 @@ impl HostSources {
 pub struct RootDir {
     root: OwnedFd,
     sources: HostSources,
+    /// The host uid and gid of the sandbox's root when the root is set up
+    /// from outside the sandbox's user namespace (the oci tier's runc maps
+    /// its root there): what the setup makes is owned by `base + id` for
+    /// the id the sandbox should see. 0 when the setup runs inside it.
+    owner_base: u32,
 }
 
 impl RootDir {
@@ -81,7 +86,33 @@ impl RootDir {
             Mode::empty(),
         )
         .map_err(fail("open root", &display))?;
-        Ok(RootDir { root, sources })
+        Ok(RootDir {
+            root,
+            sources,
+            owner_base: 0,
+        })
+    }
+
+    /// The same root, whose sandbox sees host id `base + n` as `n`: what the
+    /// setup creates is owned accordingly (root's files by `base`).
+    pub fn owned_from(mut self, base: u32) -> RootDir {
+        self.owner_base = base;
+        self
+    }
+
+    /// The host id of the sandbox's id `id`.
+    fn host_id(&self, id: u32) -> u32 {
+        self.owner_base.saturating_add(id)
+    }
+
+    /// Gives `fd` (just created) to the sandbox's root, when that is not
+    /// the host's.
+    fn own(&self, fd: &OwnedFd) -> Result<(), Errno> {
+        if self.owner_base == 0 {
+            return Ok(());
+        }
+        let id = self.host_id(0);
+        fchown(fd, Some(Uid::from_raw(id)), Some(Gid::from_raw(id)))
     }
 
     fn resolve(&self, path: &str, flags: OFlags) -> Result<OwnedFd, Errno> {
@@ -101,7 +132,8 @@ impl RootDir {
         Ok((self.resolve(dir, OFlags::PATH | OFlags::DIRECTORY)?, name))
     }
 
-    /// Creates every missing directory of `path` (0755, owned by root). The
+    /// Creates every missing directory of `path` (0755, owned by the
+    /// sandbox's root). The
     /// parent is looked at first: in the common case it exists and this is
     /// one resolution and one mkdirat.
     fn mkdir_all(&self, path: &str) -> Result<(), Errno> {
@@ -119,6 +151,16 @@ impl RootDir {
             Err(e) => return Err(e),
         };
         match mkdirat(&parent, name, Mode::from_raw_mode(0o755)) {
+            Ok(()) if self.owner_base != 0 => {
+                let made = openat2(
+                    &parent,
+                    name,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+                )?;
+                self.own(&made)
+            }
             Ok(()) | Err(Errno::EXIST) => Ok(()),
             Err(e) => Err(e),
         }
@@ -241,14 +283,29 @@ impl RootfsSys for RootDir {
         let dir = self
             .resolve(path, OFlags::RDONLY | OFlags::DIRECTORY)
             .map_err(fail("open dir", path))?;
-        fchown(&dir, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid)))
-            .map_err(fail("chown", path))?;
+        fchown(
+            &dir,
+            Some(Uid::from_raw(self.host_id(uid))),
+            Some(Gid::from_raw(self.host_id(gid))),
+        )
+        .map_err(fail("chown", path))?;
         fchmod(&dir, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
     }
 
     fn symlink(&mut self, path: &str, target: &str) -> Result<(), SetupError> {
         let (parent, name) = self.parent(path).map_err(fail("open parent of", path))?;
         match symlinkat(target, &parent, name) {
+            Ok(()) if self.owner_base != 0 => {
+                let id = self.host_id(0);
+                rustix::fs::chownat(
+                    &parent,
+                    name,
+                    Some(Uid::from_raw(id)),
+                    Some(Gid::from_raw(id)),
+                    AtFlags::SYMLINK_NOFOLLOW,
+                )
+                .map_err(fail("chown", path))
+            }
             Ok(()) | Err(Errno::EXIST) => Ok(()),
             Err(e) => Err(fail("symlink", path)(e)),
         }
@@ -272,6 +329,7 @@ impl RootfsSys for RootDir {
             written +=
                 rustix::io::write(&file, &contents[written..]).map_err(fail("write", path))?;
         }
+        self.own(&file).map_err(fail("chown", path))?;
         fchmod(&file, Mode::from_raw_mode(mode)).map_err(fail("chmod", path))
     }
 
@@ -328,6 +386,20 @@ impl RootfsSys for RootDir {
         options: &str,
         flags: Flags,
     ) -> Result<(), SetupError> {
+        // A tmpfs mounted from outside the sandbox's user namespace is
+        // given to its root, as one mounted inside would be.
+        let owned;
+        let options = if fstype == "tmpfs" && self.owner_base != 0 {
+            let id = self.host_id(0);
+            owned = if options.is_empty() {
+                format!("uid={id},gid={id}")
+            } else {
+                format!("{options},uid={id},gid={id}")
+            };
+            owned.as_str()
+        } else {
+            options
+        };
         let data = if options.is_empty() {
             None
         } else {

@@ -558,6 +558,73 @@ fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(),
     Ok(())
 }
 
+/// A user namespace whose ids 0 to [`UIDS_PER_SANDBOX`] are host `base`
+/// onwards, held by its descriptor alone: the map layers are idmapped
+/// through for a sandbox whose runtime makes a namespace of that map
+/// itself (runc), before that namespace exists. Forks: call it from a
+/// single-threaded process.
+pub fn mapping_userns(base: u32) -> Result<fs::File, LaunchError> {
+    use rustix::pipe::{pipe_with, PipeFlags};
+    let io = |what: &'static str| move |e: rustix::io::Errno| LaunchError::Io(what, e.into());
+    let (ready_read, ready_write) =
+        pipe_with(PipeFlags::CLOEXEC).map_err(io("make the user namespace's pipe"))?;
+    let (hold_read, hold_write) =
+        pipe_with(PipeFlags::CLOEXEC).map_err(io("make the user namespace's pipe"))?;
+    // SAFETY: the caller is single-threaded, so the child is a whole copy
+    // of it; the child makes only raw system calls on descriptors it owns
+    // and leaves with `_exit`, running no destructor or atexit handler.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(LaunchError::Io(
+            "fork the user namespace's holder",
+            io::Error::last_os_error(),
+        ));
+    }
+    if pid == 0 {
+        let (ready, hold) = (ready_write.as_raw_fd(), hold_read.as_raw_fd());
+        // SAFETY: raw calls on live descriptors and a valid one-byte buffer;
+        // `_exit` ends the child without unwinding into the parent's code.
+        unsafe {
+            libc::close(hold_write.as_raw_fd());
+            let byte: u8 = if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                b'1'
+            } else {
+                b'0'
+            };
+            libc::write(ready, (&byte as *const u8).cast(), 1);
+            // Until the parent has the namespace: its end closing is EOF.
+            let mut sink = 0u8;
+            libc::read(hold, (&mut sink as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    drop(ready_write);
+    drop(hold_read);
+    let reap = |hold: OwnedFd| {
+        drop(hold);
+        let mut status = 0;
+        // SAFETY: waits for our own child, writing into a live local.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
+    };
+    let mut byte = [0u8; 1];
+    let unshared = rustix::io::read(&ready_read, &mut byte).map(|n| n == 1 && byte[0] == b'1');
+    if !matches!(unshared, Ok(true)) {
+        reap(hold_write);
+        return Err(LaunchError::Io(
+            "make a user namespace for the sandbox's id map",
+            io::Error::from(io::ErrorKind::PermissionDenied),
+        ));
+    }
+    let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
+    let made = fs::write(format!("/proc/{pid}/uid_map"), &map)
+        .and_then(|()| fs::write(format!("/proc/{pid}/gid_map"), &map))
+        .and_then(|()| fs::File::open(format!("/proc/{pid}/ns/user")));
+    reap(hold_write);
+    made.map_err(|e| LaunchError::Io("map the sandbox's user namespace", e))
+}
+
 /// Clones each layer directory as a detached mount, read-only, nosuid and
 /// nodev, bottom first; idmapped through `userns` when one is given (the
 /// process tier's private uid range), as they are otherwise (a tier whose
@@ -752,14 +819,24 @@ impl HostFacts {
 /// mounts from [`clone_layers`], bottom first) or of the `template`
 /// directory under it, or the bare layer (the `host` template, whose plan
 /// binds the host's system directories into it). Paths may be
-/// `/proc/self/fd` links.
+/// `/proc/self/fd` links. `owner` is the host uid and gid of the sandbox's
+/// root when the caller is outside its user namespace (else 0): the
+/// writable layer and the overlay's directories are given to it.
 pub fn assemble_root(
     stage: &str,
     upper: Option<&str>,
     template: Option<&str>,
     layers: Vec<OwnedFd>,
     disk_bytes: u64,
+    owner: u32,
 ) -> Result<String, String> {
+    let give = |path: &str| {
+        if owner == 0 {
+            return Ok(());
+        }
+        let id = Some(owner);
+        std::os::unix::fs::chown(path, id, id)
+    };
     match upper {
         None => step(
             "mount the writable layer",
@@ -768,7 +845,9 @@ pub fn assemble_root(
                 stage,
                 Some("tmpfs"),
                 libc::MS_NOSUID | libc::MS_NODEV,
-                Some(&format!("size={disk_bytes},mode=0755")),
+                Some(&format!(
+                    "size={disk_bytes},mode=0755,uid={owner},gid={owner}"
+                )),
             ),
         )?,
         Some(source) => {
@@ -791,9 +870,10 @@ pub fn assemble_root(
     let new_root = match template {
         None if !layers.is_empty() => {
             for dir in ["upper", "work", "root", "lower"] {
+                let dir = format!("{stage}/{dir}");
                 step(
                     "create the overlay dirs",
-                    fs::create_dir(format!("{stage}/{dir}")),
+                    fs::create_dir(&dir).and_then(|()| give(&dir)),
                 )?;
             }
             let mut lowers = Vec::with_capacity(layers.len());
@@ -839,9 +919,10 @@ pub fn assemble_root(
         None => stage.to_owned(),
         Some(template) => {
             for dir in ["upper", "work", "root"] {
+                let dir = format!("{stage}/{dir}");
                 step(
                     "create the overlay dirs",
-                    fs::create_dir(format!("{stage}/{dir}")),
+                    fs::create_dir(&dir).and_then(|()| give(&dir)),
                 )?;
             }
             let lower = template;
@@ -959,6 +1040,7 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         template.as_deref(),
         layers,
         context.disk_bytes,
+        0,
     )?;
     let mut root = step(
         "open the new root",

@@ -146,6 +146,28 @@ fn namespace(
     Ok(builder.build()?)
 }
 
+/// `/sys`: the kernel's, read-only; but for a container in a user
+/// namespace that joins a network namespace of the host's (its egress
+/// namespace), where the kernel refuses a sysfs, an empty read-only tmpfs,
+/// as the process tier has none.
+fn sys(placement: &Placement<'_>) -> Result<Mount, BundleError> {
+    if placement.id_map.is_some() && placement.netns.is_some() {
+        mount(
+            "/sys",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "noexec", "nodev", "ro", "size=4k", "mode=755"],
+        )
+    } else {
+        mount(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        )
+    }
+}
+
 /// The runtime's file systems and the agent.
 fn mounts(spec: &SandboxSpec, placement: &Placement<'_>) -> Result<Vec<Mount>, BundleError> {
     let shm_size = (spec.limits.memory_bytes / 2).clamp(1 << 20, 64 << 20);
@@ -188,12 +210,7 @@ fn mounts(spec: &SandboxSpec, placement: &Placement<'_>) -> Result<Vec<Mount>, B
             "shm",
             &["nosuid", "noexec", "nodev", "mode=1777", &shm],
         )?,
-        mount(
-            "/sys",
-            "sysfs",
-            "sysfs",
-            &["nosuid", "noexec", "nodev", "ro"],
-        )?,
+        sys(placement)?,
         bind(placement.agent, AGENT_PATH)?,
     ];
     if let Some(shim) = &placement.shim {
@@ -519,6 +536,31 @@ mod tests {
         let map = &linux.uid_mappings().as_ref().unwrap()[0];
         assert_eq!((map.container_id(), map.host_id()), (0, 200_000));
         assert_eq!(map.size(), airlock_jail::runtime::UIDS_PER_SANDBOX);
+    }
+
+    #[test]
+    fn a_mapped_root_in_the_hosts_network_namespace_gets_no_sysfs() {
+        let spec = SandboxSpec::default();
+        let sys_type = |id_map: Option<(u32, u32)>, netns: Option<&str>| {
+            let mut placement = placed(Path::new("/r"), Path::new("/a"), None);
+            placement.id_map = id_map;
+            placement.netns = netns.map(PathBuf::from);
+            let config = config(&spec, Kind::Runc, &placement).unwrap();
+            let sys = config
+                .mounts()
+                .as_ref()
+                .unwrap()
+                .iter()
+                .find(|m| m.destination() == Path::new("/sys"))
+                .unwrap()
+                .clone();
+            assert!(sys.options().as_ref().unwrap().contains(&"ro".to_owned()));
+            sys.typ().clone().unwrap()
+        };
+        let mapped = Some((200_000, 200_000));
+        assert_eq!(sys_type(mapped, Some("/run/netns/x")), "tmpfs");
+        assert_eq!(sys_type(mapped, None), "sysfs");
+        assert_eq!(sys_type(None, Some("/run/netns/x")), "sysfs");
     }
 
     #[test]

@@ -168,6 +168,13 @@ impl Container {
             seccomp,
         } = prepared;
         let mut slot = runtime_dir.acquire_slot().map_err(LaunchError::from)?;
+        // runc runs the sandbox in a user namespace mapping its root to the
+        // slot's unprivileged host range, as the process tier does; gVisor's
+        // kernel keeps ids of its own above the host's.
+        let owner = match runtime.kind {
+            Kind::Runc => slot.host_uid_base(),
+            Kind::Gvisor => 0,
+        };
         slot.record(&SlotRecord {
             id: id.clone(),
             launcher_pid: std::process::id(),
@@ -213,7 +220,7 @@ impl Container {
                 container.disk = Some(store.clone());
                 Some(
                     store
-                        .create(&container.id, spec.limits.disk_bytes, 0)
+                        .create(&container.id, spec.limits.disk_bytes, owner)
                         .map_err(LaunchError::from)?,
                 )
             }
@@ -239,6 +246,7 @@ impl Container {
             upper.as_deref(),
             shim.is_some(),
             container.guest_link.is_some(),
+            owner,
         )?;
         // The host template's root is read-only but for the places the
         // plan makes writable (Landlock's job on the process tier), each
@@ -263,7 +271,7 @@ impl Container {
                 hostname: &container.id,
                 kind: runtime.kind,
                 netns: netns.clone(),
-                id_map: None,
+                id_map: (owner != 0).then_some((owner, owner)),
                 shim,
                 seccomp: Some(seccomp_file),
                 read_only_root,
@@ -328,6 +336,9 @@ impl Container {
 
     /// Builds the root in a mount namespace of this process's own and
     /// returns its path and the sandbox paths the plan makes writable.
+    /// `owner` is the host uid of the sandbox's root when its runtime maps
+    /// a user namespace (0 otherwise): the layers are idmapped through that
+    /// map and what the setup makes is owned from it.
     fn build_root(
         &mut self,
         spec: &SandboxSpec,
@@ -335,6 +346,7 @@ impl Container {
         upper: Option<&Path>,
         shim: bool,
         guest_link: bool,
+        owner: u32,
     ) -> Result<(String, Vec<String>), ContainerError> {
         let mut plan = rootfs::guest_plan(spec, host, &self.id);
         if guest_link {
@@ -392,7 +404,13 @@ impl Container {
         host_paths.extend(upper);
         let sources =
             HostSources::open(host_paths).map_err(|e| ContainerError::Root(e.to_string()))?;
-        let layers = launch::clone_layers(layers, None)?;
+        let id_map = match owner {
+            0 => None,
+            base if !layers.is_empty() => Some(launch::mapping_userns(base)?),
+            _ => None,
+        };
+        let layers = launch::clone_layers(layers, id_map.as_ref())?;
+        drop(id_map);
         let link = |path: Option<&Path>| path.and_then(|p| sources.link(p));
         let stage = self.stage.to_string_lossy().into_owned();
         fs::create_dir_all(&self.stage)
@@ -404,10 +422,12 @@ impl Container {
             link(template_dir).as_deref(),
             layers,
             spec.limits.writable_layer_bytes(),
+            owner,
         )
         .map_err(ContainerError::Root)?;
         let mut dir = RootDir::open(Path::new(&root), sources)
-            .map_err(|e| ContainerError::Root(e.to_string()))?;
+            .map_err(|e| ContainerError::Root(e.to_string()))?
+            .owned_from(owner);
         rootfs::apply(&plan, &mut dir).map_err(|e| ContainerError::Root(e.to_string()))?;
         Ok((root, plan.writable))
     }
