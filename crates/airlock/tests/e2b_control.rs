@@ -190,7 +190,7 @@ fn the_sdk_lifecycle_works_end_to_end() {
         ),
         501,
     );
-    assert!(message.contains("not supported"), "{message}");
+    assert!(message.contains("tier cannot pause a sandbox"), "{message}");
     assert_eq!(
         e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
         "running"

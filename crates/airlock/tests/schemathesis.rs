@@ -106,13 +106,18 @@ fn generated_requests_never_get_a_server_error() {
     // 1. Everything, with generated parameters, but the streams that never
     // end on their own (a watch, the output of a process that keeps
     // running) and the bootstrap of a Debian system (minutes of mmdebstrap
-    // for each valid body; tests/base.rs covers its input checks).
+    // for each valid body; tests/base.rs covers its input checks), and a
+    // pause, whose 501 from a tier that cannot pause is its documented
+    // answer (tests/tiers.rs covers its input checks).
     schemathesis(
         &daemon,
         "all operations",
         30,
         None,
-        &["--exclude-path-regex", "/(files/watch|output|bootstrap)$"],
+        &[
+            "--exclude-path-regex",
+            "/(files/watch|output|bootstrap|pause)$",
+        ],
     );
     daemon.delete_all();
 
@@ -228,6 +233,9 @@ enabled = false
             "coverage,fuzzing",
             "--include-path-regex",
             "^/v1/sandboxes/\\{id\\}",
+            // It must stay running, and pauses are its tier's (see above).
+            "--exclude-path-regex",
+            "/pause$",
         ],
     );
 

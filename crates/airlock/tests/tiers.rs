@@ -513,3 +513,57 @@ fn an_oci_sandboxs_root_is_an_unprivileged_host_uid_owning_its_own_files() {
         assert_gone_with_its_bundle(&id);
     }
 }
+
+#[test]
+fn a_pause_goes_to_the_sandboxs_tier_which_says_what_it_cannot_do() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    for tier in ["process", "oci", "gvisor"] {
+        let created = daemon.create(json!({"tier": tier}));
+        let id = created["id"].as_str().unwrap().to_owned();
+        let pause = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+        assert_eq!(pause.status, 501, "{tier}: {}", pause.text());
+        assert_eq!(pause.code(), "not_implemented", "{}", pause.text());
+        assert_eq!(
+            pause.json()["message"],
+            format!("the {tier} tier cannot pause a sandbox yet"),
+        );
+        // Refused, it changed nothing: the sandbox runs and is not paused.
+        let (out, code) = daemon.sh_out(&id, "echo still");
+        assert_eq!((out.as_str(), code), ("still\n", 0));
+        let resume = daemon.call("POST", &format!("/v1/sandboxes/{id}/resume"), None);
+        assert_eq!(resume.status, 409, "{}", resume.text());
+        let bad = daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/pause"),
+            Some(json!({"mode": "swap"})),
+        );
+        assert_eq!(bad.status, 400, "{}", bad.text());
+        // e2b's pause gets the same answer in e2b's shape, with what to do.
+        let e2b_pause = e2b(&daemon, "POST", &format!("/sandboxes/{id}/pause"), None);
+        assert_eq!(e2b_pause.status, 501, "{}", e2b_pause.text());
+        let message = e2b_pause.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.starts_with(&format!("the {tier} tier cannot pause a sandbox yet;")),
+            "{message}"
+        );
+        // And the CLI's, as an error naming the tier.
+        let out = std::process::Command::new(common::binary())
+            .args(["pause", &id, "--url", &daemon.url, "--api-key", &daemon.key])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(&format!("the {tier} tier cannot pause")),
+            "{stderr}"
+        );
+        let seen = daemon
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .json();
+        assert_eq!(seen["state"], "running", "{seen}");
+    }
+    let missing = daemon.call("POST", "/v1/sandboxes/sbx-0000000000000000/pause", None);
+    assert_eq!(missing.status, 404, "{}", missing.text());
+    daemon.delete_all();
+}

@@ -86,6 +86,9 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "sandbox_not_running", message)
             }
             DaemonError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            DaemonError::Unsupported(_) => {
+                ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
+            }
             DaemonError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
             DaemonError::TooLarge(_) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)

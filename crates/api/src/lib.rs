@@ -159,6 +159,8 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(native::create_sandbox, native::list_sandboxes))
         .routes(routes!(native::get_sandbox, native::delete_sandbox))
         .routes(routes!(native::set_timeout))
+        .routes(routes!(native::pause_sandbox))
+        .routes(routes!(native::resume_sandbox))
         .routes(routes!(native::get_network, native::set_network))
         .routes(routes!(native::exec))
         .routes(routes!(native::list_processes))

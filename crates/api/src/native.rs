@@ -228,6 +228,75 @@ pub async fn set_timeout(
     Ok(Json(SandboxView::of(&row, None)))
 }
 
+/// Body of `POST /v1/sandboxes/{id}/pause` (optional).
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseSandbox {
+    /// `memory` (the default): its processes and memory are kept and
+    /// continue on resume; `filesystem`: only its files are kept.
+    pub mode: Option<String>,
+}
+
+/// Pauses a running sandbox: it uses no CPU until resumed, and refuses
+/// calls into it (409) meanwhile. Each tier does it as it can; one that
+/// cannot answers 501 naming itself.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = PauseSandbox,
+    responses(
+        (status = 200, description = "Paused", body = SandboxView),
+        (status = 400, description = "Not a pause mode", body = ErrorBody),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+        (status = 501, description = "The sandbox's tier cannot pause", body = ErrorBody),
+    ))]
+pub async fn pause_sandbox(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<SandboxView>> {
+    let key = caller.key()?;
+    let request: PauseSandbox = if body.iter().all(u8::is_ascii_whitespace) {
+        PauseSandbox::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not a pause request: {e}")))?
+    };
+    let mode = match request.mode.as_deref() {
+        None | Some("memory") => airlock_daemon::PauseMode::Memory,
+        Some("filesystem") => airlock_daemon::PauseMode::Filesystem,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "mode: {other:?} is not a pause mode (memory, filesystem)"
+            )))
+        }
+    };
+    api.daemon.pause(key, &id, mode).await?;
+    let row = api.daemon.get(key, &id)?;
+    Ok(Json(SandboxView::of(&row, None)))
+}
+
+/// Resumes a paused sandbox.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Running again", body = SandboxView),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not paused", body = ErrorBody),
+        (status = 501, description = "The sandbox's tier cannot resume", body = ErrorBody),
+    ))]
+pub async fn resume_sandbox(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxView>> {
+    let key = caller.key()?;
+    api.daemon.resume(key, &id).await?;
+    let row = api.daemon.get(key, &id)?;
+    Ok(Json(SandboxView::of(&row, None)))
+}
+
 /// The sandbox's network policy.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),

@@ -224,6 +224,49 @@ pub enum ExportError {
     Interrupted,
 }
 
+/// What a pause keeps of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Its processes and their memory, as they are: frozen in place, or
+    /// checkpointed by a tier that can, so a resume continues them.
+    Memory,
+    /// Its files only: its processes end, and a resume starts fresh ones
+    /// on the same files.
+    Filesystem,
+}
+
+impl PauseMode {
+    /// The mode's name, as the API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Memory => "memory",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+}
+
+/// A sandbox's state could not be paused, resumed or snapshotted.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The tier cannot do it (yet).
+    #[error("the {tier} tier cannot {what} a sandbox yet")]
+    Unsupported {
+        tier: &'static str,
+        what: &'static str,
+    },
+    /// The sandbox is not a live one of this backend.
+    #[error("sandbox {0} is not running here")]
+    NotRunning(String),
+    /// The tier tried and failed.
+    #[error("cannot {what} sandbox {id}: {reason}")]
+    Failed {
+        id: String,
+        what: &'static str,
+        reason: String,
+    },
+}
+
 /// One isolation tier.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -292,6 +335,48 @@ pub trait Backend: Send + Sync + 'static {
         let _ = (id, out);
         Err(ExportError::Unsupported {
             tier: self.tier().as_str(),
+        })
+    }
+
+    /// Pauses sandbox `id`, keeping what `mode` says, so it uses no CPU
+    /// (and, for a tier that checkpoints, no memory) until
+    /// [`Backend::resume`]. Tiers that cannot say so.
+    async fn pause(
+        &self,
+        id: &str,
+        resources: &Resources,
+        mode: PauseMode,
+    ) -> Result<(), StateError> {
+        let _ = (id, resources, mode);
+        Err(StateError::Unsupported {
+            tier: self.tier().as_str(),
+            what: "pause",
+        })
+    }
+
+    /// Resumes a sandbox [`Backend::pause`] paused with its memory kept:
+    /// its processes continue where they were. Tiers that cannot say so.
+    async fn resume(&self, id: &str, resources: &Resources) -> Result<(), StateError> {
+        let _ = (id, resources);
+        Err(StateError::Unsupported {
+            tier: self.tier().as_str(),
+            what: "resume",
+        })
+    }
+
+    /// Writes the memory state of sandbox `id` (its processes, for a new
+    /// sandbox to continue) under `dir`, for snapshots and forks. Its files
+    /// are [`Backend::export_writable_layer`]'s. Tiers that cannot say so.
+    async fn snapshot_memory(
+        &self,
+        id: &str,
+        resources: &Resources,
+        dir: &std::path::Path,
+    ) -> Result<(), StateError> {
+        let _ = (id, resources, dir);
+        Err(StateError::Unsupported {
+            tier: self.tier().as_str(),
+            what: "snapshot the memory of",
         })
     }
 

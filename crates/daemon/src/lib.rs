@@ -40,6 +40,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// What a pause keeps (the tiers' own type, named by the dialects).
+pub use airlock_backend::PauseMode;
 pub use audit::{Audit, AuditLimits};
 pub use exec::{Attached, ExitInfo, Output, ProcessHub, ProcessView};
 pub use metrics::Metrics;
@@ -205,6 +207,10 @@ pub enum DaemonError {
     /// Admission refused the creation (429, or 503 while shutting down).
     #[error("{0}")]
     Rejected(Rejected),
+    /// The sandbox's tier cannot do what was asked (yet) (501); the message
+    /// names the tier.
+    #[error("{0}")]
+    Unsupported(String),
     /// The sandbox runs, but the daemon (restarted) has not reconnected to
     /// it yet: its adoption is being retried (503 with Retry-After).
     #[error("sandbox {0} is being reconnected after a daemon restart; try again")]

@@ -887,6 +887,60 @@ impl Daemon {
         crate::tokens::same_secret(&self.traffic_token(id), token)
     }
 
+    /// Pauses sandbox `id` (one `key` may see), keeping what `mode` says;
+    /// its tier does it or says it cannot (501). A paused sandbox refuses
+    /// calls into it (409) until [`Daemon::resume`].
+    pub async fn pause(
+        &self,
+        key: &KeyRow,
+        id: &str,
+        mode: crate::PauseMode,
+    ) -> Result<(), DaemonError> {
+        self.visible(key, id)?;
+        let sandbox = self.running(id)?;
+        let backend = Arc::clone(self.inner.tiers.get(sandbox.spec.tier)?);
+        let _teardown = sandbox.teardown.lock().await;
+        if sandbox.state() != State::Running {
+            return Err(DaemonError::NotRunning(id.to_owned()));
+        }
+        backend
+            .pause(id, &sandbox.resources, mode)
+            .await
+            .map_err(state_error)?;
+        self.move_state(&sandbox, State::Running, State::Paused)?;
+        Ok(())
+    }
+
+    /// Resumes sandbox `id` (one `key` may see) that [`Daemon::pause`]
+    /// paused; 409 for one that is not paused.
+    pub async fn resume(&self, key: &KeyRow, id: &str) -> Result<(), DaemonError> {
+        self.visible(key, id)?;
+        let Some(sandbox) = self.live_sandbox(id) else {
+            return Err(DaemonError::NotRunning(id.to_owned()));
+        };
+        let backend = Arc::clone(self.inner.tiers.get(sandbox.spec.tier)?);
+        let _teardown = sandbox.teardown.lock().await;
+        if sandbox.state() != State::Paused {
+            return Err(DaemonError::Conflict(format!("sandbox {id} is not paused")));
+        }
+        backend
+            .resume(id, &sandbox.resources)
+            .await
+            .map_err(state_error)?;
+        self.move_state(&sandbox, State::Paused, State::Running)?;
+        Ok(())
+    }
+
+    /// Records that the live `sandbox` went from `from` to `to` (neither
+    /// dead nor stopping), in the store and the registry.
+    fn move_state(&self, sandbox: &LiveSandbox, from: State, to: State) -> Result<(), DaemonError> {
+        let (from, _) = columns(from);
+        let (column, _) = columns(to);
+        self.with_store(|s| s.set_state(&sandbox.id, Some(from), column, None))?;
+        sandbox.set_state(to);
+        Ok(())
+    }
+
     /// Resource usage of the running sandbox `id` so far, when its backend
     /// can tell.
     pub async fn usage(&self, id: &str) -> Option<airlock_backend::Usage> {
@@ -1195,5 +1249,15 @@ impl Drop for Launch {
                 unwind.id
             ),
         }
+    }
+}
+
+/// A tier's answer to a pause or resume, as the daemon's.
+fn state_error(e: airlock_backend::StateError) -> DaemonError {
+    use airlock_backend::StateError;
+    match e {
+        StateError::Unsupported { .. } => DaemonError::Unsupported(e.to_string()),
+        StateError::NotRunning(id) => DaemonError::NotRunning(id),
+        StateError::Failed { .. } => DaemonError::Internal(e.to_string()),
     }
 }

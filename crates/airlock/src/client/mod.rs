@@ -58,6 +58,11 @@ pub enum ClientCommand {
     Files(files::FilesArgs),
     /// Delete sandboxes and everything they hold.
     Kill(sandboxes::KillArgs),
+    /// Pause a sandbox: no CPU until resumed (its tier keeps its memory,
+    /// or with --mode filesystem only its files).
+    Pause(sandboxes::PauseArgs),
+    /// Resume a paused sandbox.
+    Resume(sandboxes::StatusArgs),
     /// Show a sandbox's audit events.
     Logs(sandboxes::LogsArgs),
     /// Show a sandbox's network policy, or replace it while it runs
@@ -83,6 +88,8 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Cp(args) => files::cp(&args),
         ClientCommand::Files(args) => files::files(&args),
         ClientCommand::Kill(args) => sandboxes::kill(&args),
+        ClientCommand::Pause(args) => sandboxes::pause(&args),
+        ClientCommand::Resume(args) => sandboxes::resume(&args),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
         ClientCommand::Network(args) => sandboxes::network(&args),
         ClientCommand::Template(command) => templates::main(&command),

@@ -90,6 +90,22 @@ pub struct StatusArgs {
     pub(super) conn: Connection,
 }
 
+/// Options of `airlock pause`.
+#[derive(Args)]
+pub struct PauseArgs {
+    /// The sandbox.
+    id: String,
+    /// What is kept: `memory` (processes continue on resume) or
+    /// `filesystem` (files only).
+    #[arg(long, value_name = "memory|filesystem", default_value = "memory", value_parser = ["memory", "filesystem"])]
+    mode: String,
+    /// Print the daemon's sandbox view as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
 /// Options of `airlock network`.
 #[derive(Args)]
 pub struct NetworkArgs {
@@ -345,6 +361,39 @@ pub fn status(args: &StatusArgs) -> Result<ExitCode> {
         writeln!(out, "{view}")?;
     } else {
         out.write_all(status_text(&view, now_millis()).as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `airlock pause ID`.
+pub fn pause(args: &PauseArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let view = api.post_json(
+        &sandbox_path(&args.id, "/pause"),
+        &serde_json::json!({ "mode": args.mode }),
+    )?;
+    print_state(&view, args.json)
+}
+
+/// `airlock resume ID`.
+pub fn resume(args: &StatusArgs) -> Result<ExitCode> {
+    let api = args.conn.api()?;
+    let view = api.post_json(&sandbox_path(&args.id, "/resume"), &serde_json::json!({}))?;
+    print_state(&view, args.json)
+}
+
+/// A sandbox's id and state, or its view as JSON.
+fn print_state(view: &Value, json: bool) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        writeln!(out, "{view}")?;
+    } else {
+        writeln!(
+            out,
+            "{} {}",
+            view["id"].as_str().unwrap_or_default(),
+            view["state"].as_str().unwrap_or_default()
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

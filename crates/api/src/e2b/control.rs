@@ -12,7 +12,7 @@
 //! | `POST /sandboxes/{id}/timeout` | 204 |
 //! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 `Sandbox` (TTL only extended) |
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` (connect semantics) |
-//! | `POST /sandboxes/{id}/pause` | 501: not supported yet (on any tier) |
+//! | `POST /sandboxes/{id}/pause` | 204 paused; 501 naming a tier that cannot pause (every tier, until pauses land) |
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
 //! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
 //! | fork, snapshots, refreshes, logs | 501 after the sandbox is found |
@@ -580,10 +580,22 @@ async fn not_served(
     live_row(&api, key_of(&caller)?, &id)?;
     Err(
         match route.as_str().rsplit('/').next().unwrap_or_default() {
-            "pause" => E2bError::not_supported(
-                "pausing",
-                "; the sandbox keeps running (kill it, or extend it with set_timeout)",
-            ),
+            "pause" => {
+                // The sandbox's tier pauses it or says it cannot.
+                let key = key_of(&caller)?;
+                return match api
+                    .daemon
+                    .pause(key, &id, airlock_daemon::PauseMode::Memory)
+                    .await
+                {
+                    Ok(()) => Ok(StatusCode::NO_CONTENT),
+                    Err(DaemonError::Unsupported(message)) => Err(E2bError::new(
+                        StatusCode::NOT_IMPLEMENTED,
+                        format!("{message}; the sandbox keeps running (kill it, or extend it with set_timeout)"),
+                    )),
+                    Err(e) => Err(e.into()),
+                };
+            }
             "fork" => E2bError::not_supported("forking", ""),
             "snapshots" => E2bError::not_supported("snapshotting", ""),
             "refreshes" => E2bError::not_supported("refreshing", "; use set_timeout"),

@@ -169,6 +169,7 @@ impl From<DaemonError> for ConnectError {
                 )
             }
             DaemonError::Conflict(_) => Code::AlreadyExists,
+            DaemonError::Unsupported(_) => Code::Unimplemented,
             DaemonError::Forbidden(_) => Code::PermissionDenied,
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
             DaemonError::InSandbox(_) | DaemonError::StepFailed(_) => Code::Unknown,
