@@ -1,7 +1,8 @@
 """The control plane: create, get_info, list (filters, pages), connect,
-set_timeout, kill, metrics, pause, and its errors."""
+set_timeout, kill, metrics, pause and resume, and its errors."""
 
 import datetime
+import time
 
 import pytest
 
@@ -170,12 +171,28 @@ def test_wrong_api_key_cannot_touch_a_sandbox(sandbox):
     assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
 
 
-def test_pause_fails_clearly(sandbox):
-    # Pause is not available yet (on any tier): the SDK must get a clear
-    # error, and the sandbox must keep running.
-    with pytest.raises(Exception) as raised:
-        pause(sandbox)
-    message = str(raised.value).lower()
-    assert "paus" in message or "support" in message, message
-    assert Sandbox.get_info(sandbox.sandbox_id).state == SandboxState.RUNNING
-    assert sandbox.commands.run("echo still here").stdout == "still here\n"
+def test_pause_keeps_files_and_processes_and_connect_resumes(make_sandbox, tag):
+    sbx = make_sandbox(metadata={"suite": tag})
+    sbx.files.write("/tmp/kept.txt", "before the pause")
+    sbx.commands.run(
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+        background=True,
+    )
+    time.sleep(0.3)
+    pause(sbx)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+    paused, _ = list_all(SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED]))
+    assert [i.sandbox_id for i in paused] == [sbx.sandbox_id]
+    running, _ = list_all(SandboxQuery(metadata={"suite": tag}, state=[SandboxState.RUNNING]))
+    assert running == []
+    # Paused again: the SDK's "already paused", not an error.
+    pause(sbx)
+    time.sleep(0.5)
+    # connect() resumes it: its files and its counting process as they were.
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert resumed.files.read("/tmp/kept.txt") == "before the pause"
+    frozen_at = int(resumed.commands.run("cat /tmp/n").stdout)
+    assert frozen_at < 6 + 10, f"it counted while paused: {frozen_at}"
+    time.sleep(0.3)
+    assert int(resumed.commands.run("cat /tmp/n").stdout) > frozen_at

@@ -180,17 +180,55 @@ fn the_sdk_lifecycle_works_end_to_end() {
     assert_eq!(answer.status, 201, "{}", answer.text());
     assert_eq!(answer.json()["envdAccessToken"], token.as_str());
 
-    // pause: 501 (not 409, which the SDKs read as "already paused").
+    // pause: 204, then 409 (the SDKs' "already paused"); connect resumes
+    // it, answering 201, then 200 once it runs.
+    let paused = e2b(
+        &daemon,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        Some(json!({"memory": true})),
+    );
+    assert_eq!(paused.status, 204, "{}", paused.text());
+    assert_eq!(
+        e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
+        "paused"
+    );
+    assert_error(
+        &e2b(&daemon, "POST", &format!("/sandboxes/{id}/pause"), None),
+        409,
+    );
     let message = assert_error(
         &e2b(
             &daemon,
             "POST",
             &format!("/sandboxes/{id}/pause"),
-            Some(json!({})),
+            Some(json!({"memory": false})),
+        ),
+        409,
+    );
+    assert!(message.contains("already paused"), "{message}");
+    let resumed = e2b(
+        &daemon,
+        "POST",
+        &format!("/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 60})),
+    );
+    assert_eq!(resumed.status, 201, "{}", resumed.text());
+    assert_eq!(
+        e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
+        "running"
+    );
+    // Keeping only the filesystem is not done yet: 501, and it keeps running.
+    let message = assert_error(
+        &e2b(
+            &daemon,
+            "POST",
+            &format!("/sandboxes/{id}/pause"),
+            Some(json!({"memory": false})),
         ),
         501,
     );
-    assert!(message.contains("tier cannot pause a sandbox"), "{message}");
+    assert!(message.contains("keeping only its files"), "{message}");
     assert_eq!(
         e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
         "running"

@@ -112,7 +112,10 @@ impl Daemon {
                     resources,
                     expires_at: row.expires_at,
                 };
-                match self.adopt_recorded(&row.id, &recorded.resources).await {
+                match self
+                    .adopt_recorded(&row.id, &recorded.resources, state == State::Paused)
+                    .await
+                {
                     Ok(instance) => {
                         let lease = self.inner.admission.adopt(&recorded.owner);
                         self.install_adopted(recorded, instance, lease);
@@ -153,16 +156,34 @@ impl Daemon {
 
     /// Connects again to the recorded sandbox `id` through the backend of
     /// its tier; a tier this daemon cannot run now is a reason to try again
-    /// later, not to reap the sandbox.
+    /// later, not to reap the sandbox. A `paused` one is resumed for the
+    /// handshake with its agent and paused again.
     async fn adopt_recorded(
         &self,
         id: &str,
         resources: &Resources,
+        paused: bool,
     ) -> Result<airlock_backend::Instance, airlock_backend::AdoptError> {
-        match self.inner.tiers.of(resources) {
-            Ok(backend) => backend.adopt(id, resources).await,
-            Err(e) => Err(airlock_backend::AdoptError::Unreachable(e.to_string())),
+        let backend = match self.inner.tiers.of(resources) {
+            Ok(backend) => Arc::clone(backend),
+            Err(e) => return Err(airlock_backend::AdoptError::Unreachable(e.to_string())),
+        };
+        if !paused {
+            return backend.adopt(id, resources).await;
         }
+        if let Err(e) = backend.resume(id, resources).await {
+            tracing::warn!("{id} was recorded paused and cannot be resumed to adopt it: {e}");
+        }
+        let adopted = backend.adopt(id, resources).await;
+        if adopted.is_ok() {
+            if let Err(e) = backend
+                .pause(id, resources, airlock_backend::PauseMode::Memory)
+                .await
+            {
+                tracing::error!("{id} is adopted but cannot be paused again: {e}");
+            }
+        }
+        adopted
     }
 
     /// Serves an adopted sandbox again.
@@ -307,7 +328,10 @@ impl Daemon {
                     .await;
                 return;
             }
-            match self.adopt_recorded(&id, &recorded.resources).await {
+            match self
+                .adopt_recorded(&id, &recorded.resources, state == State::Paused)
+                .await
+            {
                 Ok(instance) => {
                     recorded.state = state;
                     recorded.expires_at = row.expires_at;

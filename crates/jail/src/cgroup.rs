@@ -28,6 +28,14 @@ pub enum CgroupError {
     KillTimeout(PathBuf, Duration),
     #[error("cannot remove cgroup {0}")]
     Remove(PathBuf, #[source] io::Error),
+    #[error(
+        "this host mounts no cgroup v1 freezer (a sandbox can be paused with it, or on cgroup v2)"
+    )]
+    NoFreezer,
+    #[error("cgroup {0} has no freezer: its sandbox was started by an airlock without pauses")]
+    NotFreezable(PathBuf),
+    #[error("the processes of cgroup {0} did not freeze within {1:?}")]
+    FreezeTimeout(PathBuf, Duration),
 }
 
 /// Where the controllers are mounted on this host.
@@ -39,6 +47,8 @@ pub enum CgroupLayout {
         cpu: PathBuf,
         cpuacct: PathBuf,
         pids: PathBuf,
+        /// Where pauses freeze a sandbox, when the host mounts it.
+        freezer: Option<PathBuf>,
     },
     /// The unified hierarchy.
     V2 { root: PathBuf },
@@ -121,6 +131,7 @@ impl CgroupLayout {
                 cpu,
                 cpuacct,
                 pids,
+                freezer: find("freezer"),
             });
         }
         v2.map(|root| CgroupLayout::V2 { root })
@@ -134,10 +145,18 @@ impl CgroupLayout {
                 cpu,
                 cpuacct,
                 pids,
-            } => [memory, cpu, cpuacct, pids]
-                .iter()
-                .map(|m| m.join(PARENT).join(name))
-                .collect(),
+                freezer,
+            } => [
+                Some(memory),
+                Some(cpu),
+                Some(cpuacct),
+                Some(pids),
+                freezer.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .map(|m| m.join(PARENT).join(name))
+            .collect(),
             CgroupLayout::V2 { root } => vec![root.join(PARENT).join(name)],
         };
         dirs.dedup();
@@ -287,6 +306,7 @@ impl SandboxCgroup {
             cpu,
             cpuacct,
             pids,
+            freezer,
         } = &self.layout
         else {
             return Ok(None);
@@ -296,11 +316,15 @@ impl SandboxCgroup {
         })?;
         let mut back = Vec::new();
         for (controller, mount) in [
-            ("memory", memory),
-            ("cpu", cpu),
-            ("cpuacct", cpuacct),
-            ("pids", pids),
+            ("memory", Some(memory)),
+            ("cpu", Some(cpu)),
+            ("cpuacct", Some(cpuacct)),
+            ("pids", Some(pids)),
+            ("freezer", freezer.as_ref()),
         ] {
+            let Some(mount) = mount else {
+                continue;
+            };
             let path = own_path(&own, controller).unwrap_or("/");
             let tasks = mount.join(path.trim_start_matches('/')).join("tasks");
             if !back.contains(&tasks) {
@@ -317,9 +341,80 @@ impl SandboxCgroup {
         Ok(Some(way_back))
     }
 
+    /// The file that freezes the cgroup and the values that freeze and
+    /// thaw it.
+    fn freezer_file(&self) -> Result<(PathBuf, &'static str, &'static str), CgroupError> {
+        match &self.layout {
+            CgroupLayout::V1 {
+                freezer: Some(freezer),
+                ..
+            } => Ok((
+                freezer.join(PARENT).join(&self.name).join("freezer.state"),
+                "FROZEN",
+                "THAWED",
+            )),
+            CgroupLayout::V1 { freezer: None, .. } => Err(CgroupError::NoFreezer),
+            CgroupLayout::V2 { root } => Ok((
+                root.join(PARENT).join(&self.name).join("cgroup.freeze"),
+                "1",
+                "0",
+            )),
+        }
+    }
+
+    /// Whether every process of the cgroup is frozen now.
+    pub fn is_frozen(&self) -> bool {
+        match &self.layout {
+            CgroupLayout::V1 { .. } => self.freezer_file().is_ok_and(|(file, _, _)| {
+                fs::read_to_string(file).is_ok_and(|s| s.trim() == "FROZEN")
+            }),
+            CgroupLayout::V2 { root } => {
+                fs::read_to_string(root.join(PARENT).join(&self.name).join("cgroup.events"))
+                    .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1"))
+            }
+        }
+    }
+
+    /// Freezes every process of the cgroup (they keep their memory and
+    /// use no CPU) and waits until all are, at most `within`; on failure
+    /// it thaws them again.
+    pub fn freeze(&self, within: Duration) -> Result<(), CgroupError> {
+        let (file, frozen, _) = self.freezer_file()?;
+        if !file.exists() {
+            return Err(CgroupError::NotFreezable(self.dirs().remove(0)));
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            // v1 reports FREEZING while tasks are still on their way (in a
+            // vfork, an uninterruptible sleep); asking again retries them.
+            write(&file, frozen)?;
+            if self.is_frozen() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let _ = self.thaw();
+                return Err(CgroupError::FreezeTimeout(self.dirs().remove(0), within));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Thaws the cgroup's processes. Idempotent; a cgroup without a freezer
+    /// is never frozen.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        let (file, _, thawed) = self.freezer_file()?;
+        if !file.exists() {
+            return Ok(());
+        }
+        write(&file, thawed)
+    }
+
     /// SIGKILLs every process in the cgroup, including double-forked
-    /// daemons that left their session, and waits until it is empty.
+    /// daemons that left their session, and waits until it is empty. A
+    /// frozen cgroup is thawed first (v1 delivers no signal to a frozen
+    /// task).
     pub fn kill_all(&self, within: Duration) -> Result<(), CgroupError> {
+        let _ = self.thaw();
         if let CgroupLayout::V2 { root } = &self.layout {
             let kill = root.join(PARENT).join(&self.name).join("cgroup.kill");
             if kill.exists() {
@@ -501,9 +596,34 @@ mod tests {
                 cpu: "/sys/fs/cgroup/cpu".into(),
                 cpuacct: "/sys/fs/cgroup/cpuacct".into(),
                 pids: "/sys/fs/cgroup/pids".into(),
+                freezer: None,
             }
         );
         assert_eq!(layout.sandbox_dirs("sbx").len(), 4);
+        // A host that mounts the freezer gives each sandbox a dir there,
+        // which pauses freeze.
+        let with_freezer = format!(
+            "{HYBRID}36 31 0:33 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer\n"
+        );
+        let layout = CgroupLayout::from_mountinfo(&with_freezer).unwrap();
+        let dirs = layout.sandbox_dirs("sbx");
+        assert_eq!(dirs.len(), 5);
+        assert!(dirs.contains(&PathBuf::from("/sys/fs/cgroup/freezer/airlock/sbx")));
+        let cgroup = SandboxCgroup::existing(layout, "sbx");
+        assert_eq!(
+            cgroup.freezer_file().unwrap(),
+            (
+                PathBuf::from("/sys/fs/cgroup/freezer/airlock/sbx/freezer.state"),
+                "FROZEN",
+                "THAWED"
+            )
+        );
+        let without = SandboxCgroup::existing(CgroupLayout::from_mountinfo(HYBRID).unwrap(), "s");
+        assert!(matches!(
+            without.freezer_file(),
+            Err(CgroupError::NoFreezer)
+        ));
+        assert!(!without.is_frozen());
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //! | `GET /sandboxes/{id}` | 200 `SandboxDetail` |
 //! | `DELETE /sandboxes/{id}` | 204 |
 //! | `POST /sandboxes/{id}/timeout` | 204 |
-//! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 `Sandbox` (TTL only extended) |
+//! | `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect` | 200 `Sandbox` (TTL extended), 201 when it was paused and is resumed |
 //! | `POST /sandboxes/{id}/resume` | 201 `Sandbox` (connect semantics) |
-//! | `POST /sandboxes/{id}/pause` | 204 paused; 501 naming a tier that cannot pause (every tier, until pauses land) |
+//! | `POST /sandboxes/{id}/pause` | 204 paused (its cgroup frozen, memory kept); 409 when it is paused already; 501 naming a tier or host that cannot pause |
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
 //! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
 //! | fork, snapshots, refreshes, logs | 501 after the sandbox is found |
@@ -144,7 +144,7 @@ pub fn router(api: Api, builds: std::sync::Arc<builds::Builds>) -> Router {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/pause", post(not_served))
+        .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/fork", post(not_served))
         .route("/sandboxes/{id}/snapshots", post(not_served))
@@ -527,10 +527,17 @@ async fn set_network(
 
 /// Connect semantics: the running sandbox's `Sandbox`, its lifetime
 /// extended to `timeout` from now if that is later than it was.
-fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<SandboxWire> {
+/// Connect and resume: a paused sandbox is resumed (then `true`), the
+/// timeout extended when the body asks for more than is left.
+async fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<(SandboxWire, bool)> {
     let body: TimeoutBody = body_of(body)?;
     let timeout = timeout_secs(&body)?;
     let mut row = live_row(api, key, id)?;
+    let resumed = row.state == airlock_store::State::Paused;
+    if resumed {
+        api.daemon.resume(key, id).await?;
+        row = live_row(api, key, id)?;
+    }
     if let Some(timeout) = timeout.filter(|t| !t.is_zero()) {
         let wanted = airlock_daemon::audit::now_ms()
             .saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
@@ -538,39 +545,91 @@ fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<SandboxWire
             row = api.daemon.set_timeout(key, id, timeout)?;
         }
     }
-    Ok(SandboxWire::of(
+    let wire = SandboxWire::of(
         &row,
         api.daemon.access_token(id),
         Some(api.daemon.traffic_token(id)),
-    ))
+    );
+    Ok((wire, resumed))
 }
 
-/// `POST /sandboxes/{id}/connect` and `/v2/…/connect`: 200 (it was running).
+/// `POST /sandboxes/{id}/connect` and `/v2/…/connect`: 200 when it was
+/// running, 201 when it was paused and is resumed (as e2b answers).
 async fn connect(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Json<SandboxWire>> {
-    attach(&api, key_of(&caller)?, &id, &body).map(Json)
+) -> Result<Response> {
+    let (wire, resumed) = attach(&api, key_of(&caller)?, &id, &body).await?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(wire)).into_response())
 }
 
-/// `POST /sandboxes/{id}/resume`: nothing is ever paused, so this is
-/// connect, answered 201 as e2b answers a resume.
+/// `POST /sandboxes/{id}/resume` (the SDKs' older call): connect,
+/// answered 201 as e2b answers a resume.
 async fn resume(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response> {
-    let wire = attach(&api, key_of(&caller)?, &id, &body)?;
+    let (wire, _) = attach(&api, key_of(&caller)?, &id, &body).await?;
     Ok((StatusCode::CREATED, Json(wire)).into_response())
 }
 
+/// Body of `POST /sandboxes/{id}/pause` (SDKs of 2025 on send it).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PauseBody {
+    /// `false`: keep only the filesystem; otherwise memory too.
+    memory: Option<bool>,
+    /// Whether the guest must be healthy first (ours always answers).
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204 once paused; 409 when it is paused
+/// already (what e2b answers, and the SDKs take as success); 501 naming a
+/// tier or host that cannot pause, rather than e2b's 409, which the SDKs
+/// would report as success.
+async fn pause(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode> {
+    let key = key_of(&caller)?;
+    let body: PauseBody = body_of(&body)?;
+    let row = live_row(&api, key, &id)?;
+    if row.state == airlock_store::State::Paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already paused"),
+        ));
+    }
+    let mode = match body.memory {
+        Some(false) => airlock_daemon::PauseMode::Filesystem,
+        _ => airlock_daemon::PauseMode::Memory,
+    };
+    match api.daemon.pause(key, &id, mode).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(DaemonError::Unsupported(message)) => Err(E2bError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "{message}; the sandbox keeps running (kill it, or extend it with set_timeout)"
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Sandbox operations this daemon does not serve (yet): 404 for a sandbox
-/// the caller cannot see, 501 with what to do instead otherwise. Pause is
-/// 501 rather than e2b's 409, which the SDKs read as "already paused" and
-/// report as success.
+/// the caller cannot see, 501 with what to do instead otherwise.
 async fn not_served(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
@@ -580,22 +639,6 @@ async fn not_served(
     live_row(&api, key_of(&caller)?, &id)?;
     Err(
         match route.as_str().rsplit('/').next().unwrap_or_default() {
-            "pause" => {
-                // The sandbox's tier pauses it or says it cannot.
-                let key = key_of(&caller)?;
-                return match api
-                    .daemon
-                    .pause(key, &id, airlock_daemon::PauseMode::Memory)
-                    .await
-                {
-                    Ok(()) => Ok(StatusCode::NO_CONTENT),
-                    Err(DaemonError::Unsupported(message)) => Err(E2bError::new(
-                        StatusCode::NOT_IMPLEMENTED,
-                        format!("{message}; the sandbox keeps running (kill it, or extend it with set_timeout)"),
-                    )),
-                    Err(e) => Err(e.into()),
-                };
-            }
             "fork" => E2bError::not_supported("forking", ""),
             "snapshots" => E2bError::not_supported("snapshotting", ""),
             "refreshes" => E2bError::not_supported("refreshing", "; use set_timeout"),

@@ -23,7 +23,8 @@ pub mod deadline;
 
 use crate::{
     AdoptError, Backend, CreateError, DeadlineError, DestroyError, EgressPoint, Ended, Ending,
-    ExportError, Instance, Reconciled, Resources, Supervised, Unavailable, Usage,
+    ExportError, Instance, PauseMode, Reconciled, Resources, StateError, Supervised, Unavailable,
+    Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::disk::DiskStore;
@@ -47,6 +48,8 @@ use tokio::sync::watch;
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long the agent gets to answer the greeting.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a pause waits for every process of a sandbox to freeze.
+const FREEZE_WITHIN: Duration = Duration::from_secs(5);
 
 /// One supervisor the daemon watches.
 struct Supervisor {
@@ -291,6 +294,19 @@ impl ProcessBackend {
             peak_memory_bytes: stats.peak_memory_bytes,
             cpu_time_ns: stats.cpu_time_ns,
         })
+    }
+
+    /// The cgroup of live sandbox `id`.
+    fn cgroup_of(&self, id: &str) -> Result<SandboxCgroup, StateError> {
+        let layout = self
+            .cgroups
+            .clone()
+            .ok_or_else(|| StateError::NotRunning(id.to_owned()))?;
+        let cgroup = SandboxCgroup::existing(layout, id);
+        if cgroup.dirs().iter().all(|d| !d.exists()) {
+            return Err(StateError::NotRunning(id.to_owned()));
+        }
+        Ok(cgroup)
     }
 
     /// Removes what a dead sandbox may have left: its cgroup and its socket.
@@ -836,6 +852,11 @@ impl Backend for ProcessBackend {
     }
 
     async fn destroy(&self, id: &str, resources: Option<&Resources>) -> Result<(), DestroyError> {
+        // A paused sandbox is thawed, so its supervisor's teardown (which
+        // asks the agent to end first) is answered.
+        if let Some(layout) = self.cgroups.clone() {
+            let _ = SandboxCgroup::existing(layout, id).thaw();
+        }
         let supervisor = match self.supervisor(id) {
             Some(supervisor) => Some(supervisor),
             None => match resources.and_then(|r| self.supervised(r)) {
@@ -889,6 +910,51 @@ impl Backend for ProcessBackend {
 
     async fn usage(&self, id: &str) -> Option<Usage> {
         self.stats(id)
+    }
+
+    /// Freezes the sandbox's cgroup: every process it holds (the agent,
+    /// what it started; an OCI runtime's container, gVisor's sentry and
+    /// gofer) stops where it is, memory kept.
+    async fn pause(
+        &self,
+        id: &str,
+        _resources: &Resources,
+        mode: PauseMode,
+    ) -> Result<(), StateError> {
+        if mode == PauseMode::Filesystem {
+            return Err(StateError::Unsupported {
+                tier: self.tier().as_str(),
+                what: "pause (keeping only its files)",
+            });
+        }
+        let cgroup = self.cgroup_of(id)?;
+        let frozen = tokio::task::spawn_blocking(move || cgroup.freeze(FREEZE_WITHIN)).await;
+        match frozen {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(airlock_jail::cgroup::CgroupError::NoFreezer)) => Err(StateError::Unsupported {
+                tier: self.tier().as_str(),
+                what: "pause (this host mounts no cgroup freezer)",
+            }),
+            Ok(Err(e)) => Err(StateError::Failed {
+                id: id.to_owned(),
+                what: "pause",
+                reason: crate::error_chain(&e),
+            }),
+            Err(_) => Err(StateError::Failed {
+                id: id.to_owned(),
+                what: "pause",
+                reason: "the freezing task was lost".into(),
+            }),
+        }
+    }
+
+    async fn resume(&self, id: &str, _resources: &Resources) -> Result<(), StateError> {
+        let cgroup = self.cgroup_of(id)?;
+        cgroup.thaw().map_err(|e| StateError::Failed {
+            id: id.to_owned(),
+            what: "resume",
+            reason: crate::error_chain(&e),
+        })
     }
 
     async fn reconcile(&self, keep: &HashSet<String>) -> Reconciled {
