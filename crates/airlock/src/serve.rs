@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// Lifetime of a sandbox whose request names none (e.g. 300s, 5m).
     #[arg(long, default_value = "300s", value_parser = parse_duration)]
     default_timeout: Duration,
+    /// How long a paused sandbox is kept (its timeout while paused; a
+    /// resume gives it its own timeout again).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    paused_ttl: Duration,
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
@@ -342,6 +346,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_queue: args.max_queue,
     };
     config.default_timeout = args.default_timeout;
+    config.paused_ttl = args.paused_ttl;
     config.max_upload_bytes = args.max_upload;
     config.max_image_bytes = args.max_image;
     config.registries = std::sync::Arc::new(registries(&args)?);

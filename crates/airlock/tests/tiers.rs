@@ -547,6 +547,13 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
         let pause = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
         assert_eq!(pause.status, 200, "{tier}: {}", pause.text());
         assert_eq!(pause.json()["state"], "paused", "{}", pause.text());
+        // Kept for the paused TTL (24 h by default), not its 300 s timeout
+        // (RFC 3339 times of one format order as strings).
+        let paused_until = pause.json()["expires_at"].as_str().unwrap().to_owned();
+        assert!(
+            paused_until.as_str() > created["expires_at"].as_str().unwrap(),
+            "{paused_until} vs {created}"
+        );
         let freezer = format!("/sys/fs/cgroup/freezer/airlock/{id}/freezer.state");
         assert_eq!(std::fs::read_to_string(&freezer).unwrap().trim(), "FROZEN");
         // Paused: calls into it are refused, a second pause too, and it
@@ -594,6 +601,10 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
             .call("GET", &format!("/v1/sandboxes/{id}"), None)
             .json();
         assert_eq!(seen["state"], "running", "{seen}");
+        assert!(
+            seen["expires_at"].as_str().unwrap() < paused_until.as_str(),
+            "running again, it has its own timeout: {seen}"
+        );
         let (right_after, in_order) = counted(&daemon, &id);
         assert!(in_order, "{tier}: the counter restarted or skipped");
         std::thread::sleep(Duration::from_millis(400));
@@ -666,4 +677,27 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
     }
     let missing = daemon.call("POST", "/v1/sandboxes/sbx-0000000000000000/pause", None);
     assert_eq!(missing.status, 404, "{}", missing.text());
+}
+
+#[test]
+fn a_paused_sandbox_ends_at_its_paused_ttl_and_leaves_nothing() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&["--paused-ttl", "2s"]);
+    let created = daemon.create(json!({"timeout_s": 3600}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    let pause = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(pause.status, 200, "{}", pause.text());
+    let ended = TestDaemon::wait_for(Duration::from_secs(20), || {
+        daemon
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .json()["state"]
+            == "dead"
+    });
+    let seen = daemon
+        .call("GET", &format!("/v1/sandboxes/{id}"), None)
+        .json();
+    assert!(ended, "still {seen}");
+    assert_eq!(seen["reason"], "timeout", "{seen}");
+    assert_gone_with_its_bundle(&id);
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/freezer/airlock/{id}")).exists());
 }

@@ -58,6 +58,8 @@ pub struct Config {
     pub default_timeout: Duration,
     /// Longest lifetime a request may ask for (and `timeout` may set).
     pub max_timeout: Duration,
+    /// How long a paused sandbox is kept: its deadline while paused.
+    pub paused_ttl: Duration,
     /// Caps and queue in front of creation.
     pub admission: AdmissionLimits,
     /// Largest file upload, bytes.
@@ -145,6 +147,7 @@ impl Config {
             data_dir,
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
+            paused_ttl: Duration::from_secs(24 * 3600),
             admission: AdmissionLimits::default(),
             max_upload_bytes: 1 << 30,
             max_image_bytes: 16 << 30,

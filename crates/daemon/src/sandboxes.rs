@@ -908,6 +908,9 @@ impl Daemon {
             .await
             .map_err(state_error)?;
         self.move_state(&sandbox, State::Running, State::Paused)?;
+        // Paused, it is kept for the paused TTL rather than its timeout.
+        let row = self.get(key, id)?;
+        self.expire_in(key, &row, self.config().paused_ttl)?;
         Ok(())
     }
 
@@ -928,6 +931,9 @@ impl Daemon {
             .await
             .map_err(state_error)?;
         self.move_state(&sandbox, State::Paused, State::Running)?;
+        // Running again, it has its own timeout from now.
+        let row = self.get(key, id)?;
+        self.expire_in(key, &row, Duration::from_millis(sandbox.spec.timeout_ms))?;
         Ok(())
     }
 
@@ -978,10 +984,23 @@ impl Daemon {
                 self.config().max_timeout.as_secs()
             )));
         }
-        let expires_at = now_ms().saturating_add(timeout.as_millis() as i64);
+        self.expire_in(key, &row, timeout)
+    }
+
+    /// Makes the sandbox of `row` (one `key` may see) expire `after` from
+    /// now, whatever its limits.
+    fn expire_in(
+        &self,
+        key: &KeyRow,
+        row: &SandboxRow,
+        after: Duration,
+    ) -> Result<SandboxRow, DaemonError> {
+        let id = row.id.as_str();
+        let expires_at =
+            now_ms().saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
         // The supervisor learns the deadline first: if the store write
         // fails after it, the sandbox lives no shorter than its record says.
-        let handed = self.hand_deadline(&row, expires_at)?;
+        let handed = self.hand_deadline(row, expires_at)?;
         self.with_store(|s| s.set_expiry(id, expires_at))?;
         let row = self.get(key, id)?;
         if !handed {
