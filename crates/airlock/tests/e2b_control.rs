@@ -454,7 +454,7 @@ fn errors_come_in_the_shape_the_sdks_parse() {
             &daemon,
             "POST",
             "/v2/sandboxes",
-            Some(json!({"templateID": "base", "autoPause": true})),
+            Some(json!({"templateID": "base", "autoResume": {"enabled": true}})),
         ),
         400,
     );

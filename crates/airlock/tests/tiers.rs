@@ -701,3 +701,89 @@ fn a_paused_sandbox_ends_at_its_paused_ttl_and_leaves_nothing() {
     assert_gone_with_its_bundle(&id);
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/freezer/airlock/{id}")).exists());
 }
+
+#[test]
+fn a_sandbox_that_pauses_at_its_timeout_is_paused_and_woken_by_its_own_traffic() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    // Native: paused at the timeout instead of killed; resumed by hand.
+    let refused = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"lifecycle": {"on_timeout": "kill", "auto_resume": true}})),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let created = daemon.create(json!({"timeout_s": 1, "lifecycle": {"on_timeout": "pause"}}));
+    let id = created["id"].as_str().unwrap().to_owned();
+    daemon.sh(&id, "echo kept > /tmp/kept");
+    let state = |id: &str| {
+        daemon
+            .call("GET", &format!("/v1/sandboxes/{id}"), None)
+            .json()["state"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || state(&id) == "paused"),
+        "{}",
+        state(&id)
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(state(&id), "paused", "still paused, not killed");
+    let resume = daemon.call("POST", &format!("/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(resume.status, 200, "{}", resume.text());
+    assert_eq!(daemon.sh_out(&id, "cat /tmp/kept"), ("kept\n".into(), 0));
+
+    // e2b: autoPause with autoResume; a call with its token wakes it, one
+    // without does not.
+    let refused = e2b(
+        &daemon,
+        "POST",
+        "/v2/sandboxes",
+        Some(
+            json!({"templateID": "base", "timeout": 1, "autoPause": true,
+                    "autoPauseMemory": false}),
+        ),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let made = e2b(
+        &daemon,
+        "POST",
+        "/v2/sandboxes",
+        Some(
+            json!({"templateID": "base", "timeout": 1, "autoPause": true,
+                    "autoResume": {"enabled": true}}),
+        ),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    let wire = made.json();
+    let e2b_id = wire["sandboxID"].as_str().unwrap().to_owned();
+    let token = wire["envdAccessToken"].as_str().unwrap().to_owned();
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || state(&e2b_id) == "paused"),
+        "{}",
+        state(&e2b_id)
+    );
+    let read = |token: Option<&str>| {
+        let mut headers = vec![("E2b-Sandbox-Id", e2b_id.as_str())];
+        if let Some(token) = token {
+            headers.push(("X-Access-Token", token));
+        }
+        daemon.call_as(
+            None,
+            "GET",
+            "/files?path=/etc/hostname&username=user",
+            None,
+            None,
+            &headers,
+        )
+    };
+    let stranger = read(Some("not-its-token"));
+    assert!(stranger.status >= 400, "{}", stranger.text());
+    assert_eq!(state(&e2b_id), "paused", "a stranger woke it");
+    let woken = read(Some(&token));
+    assert_eq!(woken.status, 200, "{}", woken.text());
+    assert_eq!(state(&e2b_id), "running");
+    daemon.delete_all();
+}

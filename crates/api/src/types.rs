@@ -181,6 +181,11 @@ pub struct CreateSandbox {
     pub cwd: Option<String>,
     /// Default identity of processes (`user`).
     pub user: Option<UserInput>,
+    /// What its timeout does: `{"on_timeout": "kill" | "pause",
+    /// "auto_resume": bool}` (a call into a sandbox paused at its timeout
+    /// resumes it; only with `pause`).
+    #[schema(value_type = Option<Object>)]
+    pub lifecycle: Option<airlock_policy::Lifecycle>,
 }
 
 impl CreateSandbox {
@@ -238,6 +243,9 @@ impl CreateSandbox {
             spec.tier = tier.parse().map_err(|e: airlock_policy::UnknownTier| {
                 format!("tier: {e} (see GET /v1/tiers)")
             })?;
+        }
+        if let Some(lifecycle) = self.lifecycle {
+            spec.lifecycle = lifecycle;
         }
         let timeout_s = self
             .timeout_s

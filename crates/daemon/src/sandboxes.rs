@@ -889,7 +889,8 @@ impl Daemon {
 
     /// Pauses sandbox `id` (one `key` may see), keeping what `mode` says;
     /// its tier does it or says it cannot (501). A paused sandbox refuses
-    /// calls into it (409) until [`Daemon::resume`].
+    /// calls into it (409) until [`Daemon::resume`], and is kept for the
+    /// paused TTL rather than its timeout.
     pub async fn pause(
         &self,
         key: &KeyRow,
@@ -897,6 +898,10 @@ impl Daemon {
         mode: crate::PauseMode,
     ) -> Result<(), DaemonError> {
         self.visible(key, id)?;
+        self.pause_live(id, mode).await
+    }
+
+    async fn pause_live(&self, id: &str, mode: crate::PauseMode) -> Result<(), DaemonError> {
         let sandbox = self.running(id)?;
         let backend = Arc::clone(self.inner.tiers.get(sandbox.spec.tier)?);
         let _teardown = sandbox.teardown.lock().await;
@@ -908,16 +913,26 @@ impl Daemon {
             .await
             .map_err(state_error)?;
         self.move_state(&sandbox, State::Running, State::Paused)?;
-        // Paused, it is kept for the paused TTL rather than its timeout.
-        let row = self.get(key, id)?;
-        self.expire_in(key, &row, self.config().paused_ttl)?;
+        self.expire_in_from_now(id, self.config().paused_ttl)?;
+        self.inner.audit.record(
+            Stream::Runtime,
+            "sandbox.paused",
+            Some(id),
+            None,
+            json!({"mode": mode.as_str()}),
+        );
         Ok(())
     }
 
     /// Resumes sandbox `id` (one `key` may see) that [`Daemon::pause`]
-    /// paused; 409 for one that is not paused.
+    /// paused; 409 for one that is not paused. It has its own timeout
+    /// again, from now.
     pub async fn resume(&self, key: &KeyRow, id: &str) -> Result<(), DaemonError> {
         self.visible(key, id)?;
+        self.resume_live(id).await
+    }
+
+    async fn resume_live(&self, id: &str) -> Result<(), DaemonError> {
         let Some(sandbox) = self.live_sandbox(id) else {
             return Err(DaemonError::NotRunning(id.to_owned()));
         };
@@ -931,10 +946,43 @@ impl Daemon {
             .await
             .map_err(state_error)?;
         self.move_state(&sandbox, State::Paused, State::Running)?;
-        // Running again, it has its own timeout from now.
-        let row = self.get(key, id)?;
-        self.expire_in(key, &row, Duration::from_millis(sandbox.spec.timeout_ms))?;
+        self.expire_in_from_now(id, Duration::from_millis(sandbox.spec.timeout_ms))?;
+        self.inner.audit.record(
+            Stream::Runtime,
+            "sandbox.resumed",
+            Some(id),
+            None,
+            json!({}),
+        );
         Ok(())
+    }
+
+    /// Whether live sandbox `id` is paused (a cheap look at the registry).
+    pub fn is_paused(&self, id: &str) -> bool {
+        self.live_sandbox(id)
+            .is_some_and(|s| s.state() == State::Paused)
+    }
+
+    /// Resumes sandbox `id` when it is paused and its lifecycle lets a call
+    /// wake it (`auto_resume`); whether it is running now.
+    pub async fn wake(&self, id: &str) -> bool {
+        let Some(sandbox) = self.live_sandbox(id) else {
+            return false;
+        };
+        match sandbox.state() {
+            State::Running => true,
+            State::Paused if sandbox.spec.lifecycle.auto_resume => match self.resume_live(id).await
+            {
+                Ok(()) => true,
+                // Resumed by another call meanwhile.
+                Err(DaemonError::Conflict(_)) => sandbox.state() == State::Running,
+                Err(e) => {
+                    tracing::warn!("cannot wake {id}: {e}");
+                    false
+                }
+            },
+            _ => false,
+        }
     }
 
     /// Records that the live `sandbox` went from `from` to `to` (neither
@@ -984,17 +1032,25 @@ impl Daemon {
                 self.config().max_timeout.as_secs()
             )));
         }
-        self.expire_in(key, &row, timeout)
+        self.expire_in(&row, timeout)
     }
 
-    /// Makes the sandbox of `row` (one `key` may see) expire `after` from
-    /// now, whatever its limits.
-    fn expire_in(
-        &self,
-        key: &KeyRow,
-        row: &SandboxRow,
-        after: Duration,
-    ) -> Result<SandboxRow, DaemonError> {
+    /// Makes live sandbox `id` expire `after` from now, whatever its
+    /// limits.
+    fn expire_in_from_now(&self, id: &str, after: Duration) -> Result<(), DaemonError> {
+        let row = self.recorded(id)?;
+        self.expire_in(&row, after).map(drop)
+    }
+
+    /// The record of `id`, whoever may see it.
+    fn recorded(&self, id: &str) -> Result<SandboxRow, DaemonError> {
+        self.with_store(|s| s.get_sandbox(id))?
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// Makes the sandbox of `row` expire `after` from now, whatever its
+    /// limits.
+    fn expire_in(&self, row: &SandboxRow, after: Duration) -> Result<SandboxRow, DaemonError> {
         let id = row.id.as_str();
         let expires_at =
             now_ms().saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
@@ -1002,7 +1058,7 @@ impl Daemon {
         // fails after it, the sandbox lives no shorter than its record says.
         let handed = self.hand_deadline(row, expires_at)?;
         self.with_store(|s| s.set_expiry(id, expires_at))?;
-        let row = self.get(key, id)?;
+        let row = self.recorded(id)?;
         if !handed {
             // It was still starting. Either the create records its
             // resources before reading this expiry (then they are in `row`
@@ -1153,8 +1209,20 @@ impl Daemon {
                 if stopping {
                     continue;
                 }
+                // One that pauses at its timeout is paused (then kept for the
+                // paused TTL, at whose end it is stopped), unless it cannot be.
+                let pauses = self.live_sandbox(&id).is_some_and(|s| {
+                    s.state() == State::Running
+                        && s.spec.lifecycle.on_timeout == airlock_policy::OnTimeout::Pause
+                });
                 let daemon = self.clone();
                 tokio::spawn(async move {
+                    if pauses {
+                        match daemon.pause_live(&id, crate::PauseMode::Memory).await {
+                            Ok(()) => return,
+                            Err(e) => tracing::warn!("{id} cannot be paused at its timeout: {e}"),
+                        }
+                    }
                     if let Err(e) = daemon.stop(&id, DeadReason::Timeout, None).await {
                         tracing::warn!("the reaper could not stop {id}: {e}");
                     }

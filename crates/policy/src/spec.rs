@@ -57,6 +57,30 @@ pub struct SandboxSpec {
     pub timeout_ms: u64,
     /// Switches for the enforcement layers.
     pub security: Security,
+    /// What its timeout does, and whether traffic wakes it when paused.
+    pub lifecycle: Lifecycle,
+}
+
+/// What happens to a sandbox at its timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// It is killed and everything it held released.
+    #[default]
+    Kill,
+    /// It is paused, memory kept, for the daemon's paused TTL.
+    Pause,
+}
+
+/// A sandbox's lifecycle beyond its timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Lifecycle {
+    /// What its timeout does.
+    pub on_timeout: OnTimeout,
+    /// Whether a call into it while paused resumes it first (only with
+    /// `on_timeout: pause`, as e2b has it).
+    pub auto_resume: bool,
 }
 
 impl Default for SandboxSpec {
@@ -72,6 +96,7 @@ impl Default for SandboxSpec {
             cwd: None,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             security: Security::default(),
+            lifecycle: Lifecycle::default(),
         }
     }
 }
@@ -277,6 +302,8 @@ pub enum SpecError {
     OutputTooSmall(u64),
     #[error("timeout must be between 1ms and 24h")]
     TimeoutOutOfRange,
+    #[error("auto_resume needs on_timeout: pause (a killed sandbox has nothing to resume)")]
+    AutoResumeWithoutPause,
     #[error("template directory `{0}` must be an absolute path")]
     TemplateNotAbsolute(PathBuf),
     #[error("a template stacks 1 to {MAX_LAYERS} layers, not {0}")]
@@ -342,6 +369,9 @@ impl SandboxSpec {
         self.limits.validate()?;
         if self.timeout_ms == 0 || self.timeout_ms > 24 * 3_600_000 {
             return Err(SpecError::TimeoutOutOfRange);
+        }
+        if self.lifecycle.auto_resume && self.lifecycle.on_timeout != OnTimeout::Pause {
+            return Err(SpecError::AutoResumeWithoutPause);
         }
         match &self.template {
             Template::Host => {}
@@ -465,6 +495,20 @@ pub fn is_normalized_absolute(path: &str) -> bool {
 mod tests {
     use super::*;
     use crate::network::MAX_RULES;
+
+    #[test]
+    fn a_lifecycle_defaults_to_kill_and_auto_resume_needs_pause() {
+        let spec: SandboxSpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(spec.lifecycle, Lifecycle::default());
+        assert_eq!(spec.lifecycle.on_timeout, OnTimeout::Kill);
+        let mut spec = SandboxSpec::default();
+        spec.lifecycle.auto_resume = true;
+        assert_eq!(spec.validate(), Err(SpecError::AutoResumeWithoutPause));
+        spec.lifecycle.on_timeout = OnTimeout::Pause;
+        assert_eq!(spec.validate(), Ok(()));
+        let text = serde_json::to_string(&spec.lifecycle).unwrap();
+        assert_eq!(text, r#"{"on_timeout":"pause","auto_resume":true}"#);
+    }
 
     #[test]
     fn tier_names_round_trip_and_match_serde() {

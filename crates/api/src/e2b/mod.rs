@@ -130,6 +130,23 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
             request.headers_mut().insert(SANDBOX_ID_HEADER, id);
         }
     }
+    if let Some(id) = request
+        .headers()
+        .get(SANDBOX_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        // A sandbox paused at its timeout with auto-resume wakes for a
+        // call that carries its access token (no one else may wake it).
+        let token = request
+            .headers()
+            .get("x-access-token")
+            .and_then(|v| v.to_str().ok());
+        if routers.daemon.is_paused(id)
+            && token.is_some_and(|t| routers.daemon.access_token_matches(id, t))
+        {
+            routers.daemon.wake(id).await;
+        }
+    }
     if request.headers().contains_key(SANDBOX_ID_HEADER) {
         // Bodies here are streamed (uploads, Connect client streams), so an
         // error answer may leave one unread: close the connection after it.

@@ -131,9 +131,10 @@ pub struct NewSandbox {
     pub template_id: Option<String>,
     /// Lifetime in seconds.
     pub timeout: Option<i64>,
-    /// Pause instead of kill at the timeout: not available here.
+    /// Pause instead of kill at the timeout.
     pub auto_pause: Option<bool>,
-    /// How an auto-pause snapshots; meaningless without one.
+    /// How an auto-pause snapshots (`false`: the filesystem only, not
+    /// available here yet); meaningless without one.
     pub auto_pause_memory: Option<bool>,
     /// `{"enabled": bool}`: resume a paused sandbox on traffic.
     pub auto_resume: Option<Value>,
@@ -211,11 +212,28 @@ impl NewSandbox {
                 )))
             }
         };
-        if self.auto_pause == Some(true) || is_set(&self.auto_resume_enabled()) {
+        let auto_pause = self.auto_pause == Some(true);
+        let auto_resume = self
+            .auto_resume_enabled()
+            .is_some_and(|v| v.as_bool() == Some(true));
+        if auto_pause && self.auto_pause_memory == Some(false) {
             return Err(E2bError::bad_request(
-                "autoPause/autoResume: pausing is not supported by this airlock daemon yet (on any tier); a sandbox is killed at its timeout",
+                "autoPauseMemory: false (a pause keeping only the filesystem) is not available on this airlock daemon yet; pause with memory",
             ));
         }
+        if auto_resume && !auto_pause {
+            return Err(E2bError::bad_request(
+                "autoResume needs autoPause: a sandbox killed at its timeout has nothing to resume",
+            ));
+        }
+        let lifecycle = airlock_policy::Lifecycle {
+            on_timeout: if auto_pause {
+                airlock_policy::OnTimeout::Pause
+            } else {
+                airlock_policy::OnTimeout::Kill
+            },
+            auto_resume,
+        };
         if is_set(&self.mcp) {
             return Err(E2bError::bad_request(
                 "mcp: an MCP gateway is not available on this airlock daemon",
@@ -249,6 +267,7 @@ impl NewSandbox {
             env: self.env_vars.clone(),
             metadata: self.metadata.clone(),
             network: Some(network),
+            lifecycle: Some(lifecycle),
             ..CreateSandbox::default()
         })
     }
@@ -788,16 +807,29 @@ mod tests {
                 .as_u16(),
             400
         );
-        assert!(
-            refused(serde_json::json!({"templateID": "base", "autoPause": true}))
-                .message
-                .contains("pausing is not supported")
-        );
+        assert!(refused(
+            serde_json::json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false})
+        )
+        .message
+        .contains("autoPauseMemory"));
         assert!(refused(
             serde_json::json!({"templateID": "base", "autoResume": {"enabled": true}})
         )
         .message
-        .contains("pausing"));
+        .contains("autoResume needs autoPause"));
+        let lifecycle = |value: serde_json::Value| {
+            let body: NewSandbox = serde_json::from_value(value).unwrap();
+            body.to_native("host", 300, 86_400, false)
+                .unwrap()
+                .lifecycle
+                .unwrap()
+        };
+        let paused = lifecycle(serde_json::json!({"templateID": "base", "autoPause": true,
+            "autoResume": {"enabled": true}}));
+        assert_eq!(paused.on_timeout, airlock_policy::OnTimeout::Pause);
+        assert!(paused.auto_resume);
+        let plain = lifecycle(serde_json::json!({"templateID": "base", "autoPause": false}));
+        assert_eq!(plain, airlock_policy::Lifecycle::default());
         assert!(
             refused(serde_json::json!({"templateID": "base", "mcp": {"x": {}}}))
                 .message
