@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Benchmark of pause and resume (issue 14), in one run against one daemon:
+
+- per tier, `POST /v1/sandboxes/{id}/pause` and `/resume` through the API
+  on a sandbox running a busy process, and the first exec after a resume,
+  p50/p99;
+- the raw peer: the same cgroup v1 freezer written by hand (FROZEN, wait,
+  THAWED) around a shell of the same busy loop in a cgroup of its own.
+
+Target: resume <= 20 ms at p50 on every tier. Needs root, runsc and runc
+(./scripts/deps). Usage:
+    python3 bench/pause.py [--airlock PATH] [-n 30] [--json]
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from daemon import ApiError, Client, default_airlock, summary, verdict  # noqa: E402
+from templates import Daemon  # noqa: E402
+
+TARGET_RESUME_MS = 20.0
+FREEZER = "/sys/fs/cgroup/freezer"
+BUSY = "while :; do :; done"
+
+
+def call(client, path, body=None):
+    status, payload = client._request("POST", path, body)
+    if status != 200:
+        raise ApiError(path, status, payload)
+
+
+def tier_cycles(client, tier, n):
+    sid = client.create({"tier": tier})
+    status, payload = client._request("POST", f"/v1/sandboxes/{sid}/exec", {
+        "cmd": "/bin/sh", "args": ["-c", BUSY], "background": True})
+    if status != 201:
+        raise ApiError("exec", status, payload)
+    pause, resume, first = [], [], []
+    for i in range(n + 2):
+        t0 = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/pause")
+        t1 = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/resume")
+        t2 = time.monotonic()
+        client.exec_true(sid)
+        t3 = time.monotonic()
+        if i >= 2:  # warm-up
+            pause.append(t1 - t0)
+            resume.append(t2 - t1)
+            first.append(t3 - t2)
+    client.delete(sid)
+    return {"pause": summary(pause), "resume": summary(resume), "first_exec": summary(first)}
+
+
+def raw_cycles(n):
+    """The freezer by hand around a busy shell in a cgroup of its own."""
+    if not os.path.isdir(FREEZER):
+        raise SystemExit(f"{FREEZER} is not mounted: the raw peer needs the cgroup v1 freezer")
+    group = os.path.join(FREEZER, f"bench-pause-{os.getpid()}")
+    os.mkdir(group)
+    proc = subprocess.Popen(["/bin/sh", "-c", BUSY])
+    try:
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(proc.pid))
+        state = os.path.join(group, "freezer.state")
+        freeze, thaw = [], []
+
+        def write(value):
+            with open(state, "w") as f:
+                f.write(value)
+
+        def read():
+            with open(state) as f:
+                return f.read().strip()
+
+        for i in range(n + 2):
+            t0 = time.monotonic()
+            write("FROZEN")
+            while read() != "FROZEN":
+                write("FROZEN")
+            t1 = time.monotonic()
+            write("THAWED")
+            t2 = time.monotonic()
+            if i >= 2:
+                freeze.append(t1 - t0)
+                thaw.append(t2 - t1)
+        return {"pause": summary(freeze), "resume": summary(thaw)}
+    finally:
+        try:
+            with open(os.path.join(group, "freezer.state"), "w") as f:
+                f.write("THAWED")
+        except OSError:
+            pass
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for _ in range(100):
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                time.sleep(0.01)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--airlock", default=default_airlock())
+    parser.add_argument("-n", type=int, default=30, help="cycles per tier")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("bench/pause.py needs root (sandboxes, cgroups)")
+    daemon = Daemon(args.airlock)
+    try:
+        client = Client(daemon)
+        tiers = {t: tier_cycles(client, t, args.n) for t in ("process", "oci", "gvisor")}
+    finally:
+        daemon.stop()
+    raw = raw_cycles(args.n)
+    res = {"n": args.n, "tiers": tiers, "raw": raw}
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"airlock pause benchmark: {args.airlock} ({os.cpu_count()} cores, n={args.n})")
+    r = res["raw"]
+    print(f"  raw freezer by hand   freeze p50 {r['pause']['p50_ms']:7.2f} ms"
+          f"   thaw p50 {r['resume']['p50_ms']:7.2f} ms")
+    for t, s in res["tiers"].items():
+        resume = s["resume"]["p50_ms"]
+        print(f"  {t:<8} pause p50 {s['pause']['p50_ms']:7.2f} ms p99 {s['pause']['p99_ms']:7.2f}"
+              f" (x{s['pause']['p50_ms'] / max(r['pause']['p50_ms'], 1e-6):.1f} raw)"
+              f"  resume p50 {resume:7.2f} ms p99 {s['resume']['p99_ms']:7.2f}"
+              f"  first exec after {s['first_exec']['p50_ms']:6.2f} ms"
+              f"  (target resume <= {TARGET_RESUME_MS:.0f} ms) {verdict(resume <= TARGET_RESUME_MS)}")
+
+
+if __name__ == "__main__":
+    main()
