@@ -815,17 +815,7 @@ fn every_call_needs_credentials_and_tokens_open_one_sandbox() {
     );
 
     // Another key sees nothing of the admin's sandboxes; a revoked key nothing at all.
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_airlock"))
-        .args(["keys", "create", "tenant", "--json", "--data-dir"])
-        .arg(daemon.data_dir())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let tenant: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let tenant = daemon.new_key("tenant");
     let tenant_key = tenant["key"].as_str().unwrap();
     let answer = daemon.call_as(Some(tenant_key), "GET", &base, None, None, &[]);
     assert_eq!(answer.status, 404);

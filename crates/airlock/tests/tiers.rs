@@ -141,19 +141,7 @@ fn an_oci_sandbox_runs_under_runc_with_the_agent_as_init() {
     let _serial = serial();
     let daemon = TestDaemon::start(&[]);
     // Through the CLI, which names the tier.
-    let out = std::process::Command::new(common::binary())
-        .args([
-            "create",
-            "--tier",
-            "oci",
-            "--json",
-            "--url",
-            &daemon.url,
-            "--api-key",
-            &daemon.key,
-        ])
-        .output()
-        .unwrap();
+    let out = daemon.cli(&["create", "--tier", "oci", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -295,12 +283,7 @@ fn a_create_naming_no_tier_gets_its_templates_or_the_daemons() {
 
 /// `airlock template ... --json ARGS` against `daemon` → its last JSON line.
 fn template_cli(daemon: &TestDaemon, args: &[&str]) -> serde_json::Value {
-    let out = std::process::Command::new(common::binary())
-        .arg("template")
-        .args(args)
-        .args(["--json", "--url", &daemon.url, "--api-key", &daemon.key])
-        .output()
-        .unwrap();
+    let out = daemon.cli(&[&["template"], args, &["--json"]].concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -409,20 +392,10 @@ fn a_template_records_its_own_tier_which_creates_naming_none_run_on() {
     }
     let missing = daemon.call("PATCH", "/v1/templates/nope", Some(json!({"tier": "oci"})));
     assert_eq!(missing.status, 404, "{}", missing.text());
-    let output = std::process::Command::new(common::binary())
-        .args(["keys", "create", "tenant", "--json", "--data-dir"])
-        .arg(daemon.data_dir())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let tenant: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let user_key = tenant["key"].as_str().unwrap().to_owned();
+    let tenant = daemon.new_key("tenant");
+    let user_key = tenant["key"].as_str().unwrap();
     let refused = daemon.call_as(
-        Some(&user_key),
+        Some(user_key),
         "PATCH",
         "/v1/templates/tiny",
         Some(br#"{"tier": "gvisor"}"#),
@@ -641,17 +614,7 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
         // A paused sandbox deleted leaves nothing.
         let paused = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
         assert_eq!(paused.status, 200, "{}", paused.text());
-        let out = std::process::Command::new(common::binary())
-            .args([
-                "resume",
-                &id,
-                "--url",
-                &daemon.url,
-                "--api-key",
-                &daemon.key,
-            ])
-            .output()
-            .unwrap();
+        let out = daemon.cli(&["resume", &id]);
         assert!(
             out.status.success(),
             "{}",
@@ -661,10 +624,7 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
             String::from_utf8_lossy(&out.stdout),
             format!("{id} running\n")
         );
-        let out = std::process::Command::new(common::binary())
-            .args(["pause", &id, "--url", &daemon.url, "--api-key", &daemon.key])
-            .output()
-            .unwrap();
+        let out = daemon.cli(&["pause", &id]);
         assert!(
             out.status.success(),
             "{}",

@@ -322,6 +322,31 @@ impl TestDaemon {
         }
     }
 
+    /// `airlock ARGS --url URL --api-key KEY` against this daemon.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(binary())
+            .args(args)
+            .args(["--url", &self.url, "--api-key", &self.key])
+            .output()
+            .unwrap()
+    }
+
+    /// A new API key named `name` that is not an admin's (`airlock keys
+    /// create --json` on the data directory): its `id` and `key`.
+    pub fn new_key(&self, name: &str) -> Value {
+        let output = Command::new(binary())
+            .args(["keys", "create", name, "--json", "--data-dir"])
+            .arg(self.data_dir())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
     /// A request with the admin key.
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
         let bytes = body.map(|b| b.to_string().into_bytes());

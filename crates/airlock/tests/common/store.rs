@@ -4,23 +4,12 @@
 
 use super::daemon::TestDaemon;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// `airlock template import FILE --name NAME` against `daemon`.
 pub fn import(daemon: &TestDaemon, file: &Path, name: &str) -> Output {
-    Command::new(super::binary())
-        .args(["template", "import"])
-        .arg(file)
-        .args([
-            "--name",
-            name,
-            "--url",
-            &daemon.url,
-            "--api-key",
-            &daemon.key,
-        ])
-        .output()
-        .unwrap()
+    let file = file.to_string_lossy();
+    daemon.cli(&["template", "import", &file, "--name", name])
 }
 
 /// [`import`], which must succeed.
