@@ -412,11 +412,7 @@ impl Jail {
         }
 
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
-        let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
-        fs::write(format!("/proc/{pid}/uid_map"), &map)
-            .map_err(|e| LaunchError::Io("write the uid map", e))?;
-        fs::write(format!("/proc/{pid}/gid_map"), &map)
-            .map_err(|e| LaunchError::Io("write the gid map", e))?;
+        write_id_maps(pid as i32, base)?;
         if let Some(channel) = &layers_host {
             send_layers(pid as i32, layers, channel)?;
         }
@@ -558,6 +554,16 @@ fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(),
     Ok(())
 }
 
+/// Maps ids 0 to [`UIDS_PER_SANDBOX`] of the user namespace of `pid` (a
+/// child waiting for it) to host `base` onwards, uids and gids alike.
+fn write_id_maps(pid: i32, base: u32) -> Result<(), LaunchError> {
+    let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
+    fs::write(format!("/proc/{pid}/uid_map"), &map)
+        .map_err(|e| LaunchError::Io("write the uid map", e))?;
+    fs::write(format!("/proc/{pid}/gid_map"), &map)
+        .map_err(|e| LaunchError::Io("write the gid map", e))
+}
+
 /// A user namespace whose ids 0 to [`UIDS_PER_SANDBOX`] are host `base`
 /// onwards, held by its descriptor alone: the map layers are idmapped
 /// through for a sandbox whose runtime makes a namespace of that map
@@ -617,12 +623,12 @@ pub fn mapping_userns(base: u32) -> Result<fs::File, LaunchError> {
             io::Error::from(io::ErrorKind::PermissionDenied),
         ));
     }
-    let map = format!("0 {base} {UIDS_PER_SANDBOX}\n");
-    let made = fs::write(format!("/proc/{pid}/uid_map"), &map)
-        .and_then(|()| fs::write(format!("/proc/{pid}/gid_map"), &map))
-        .and_then(|()| fs::File::open(format!("/proc/{pid}/ns/user")));
+    let made = write_id_maps(pid, base).and_then(|()| {
+        fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map_err(|e| LaunchError::Io("open the sandbox's user namespace", e))
+    });
     reap(hold_write);
-    made.map_err(|e| LaunchError::Io("map the sandbox's user namespace", e))
+    made
 }
 
 /// Clones each layer directory as a detached mount, read-only, nosuid and

@@ -282,12 +282,7 @@ impl ProcessBackend {
     }
 
     fn stats(&self, id: &str) -> Option<Usage> {
-        let layout = self.cgroups.clone()?;
-        let cgroup = SandboxCgroup::existing(layout, id);
-        if cgroup.dirs().iter().all(|d| !d.exists()) {
-            return None;
-        }
-        let stats = cgroup.stats();
+        let stats = self.cgroup_of(id).ok()?.stats();
         Some(Usage {
             oom_kills: stats.oom_kills,
             pids_limit_hits: stats.pids_limit_hits,
