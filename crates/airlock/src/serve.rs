@@ -69,6 +69,10 @@ pub struct ServeArgs {
     /// resume gives it its own timeout again).
     #[arg(long, default_value = "24h", value_parser = parse_duration)]
     paused_ttl: Duration,
+    /// The zstd level snapshots' archives are written at (-7 to 19;
+    /// higher is smaller and slower).
+    #[arg(long, default_value_t = airlock_layers::keep::DEFAULT_LEVEL, value_parser = clap::value_parser!(i32).range(-7..=19), allow_negative_numbers = true)]
+    snapshot_zstd_level: i32,
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
@@ -347,6 +351,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.default_timeout = args.default_timeout;
     config.paused_ttl = args.paused_ttl;
+    config.snapshot_zstd_level = args.snapshot_zstd_level;
     config.max_upload_bytes = args.max_upload;
     config.max_image_bytes = args.max_image;
     config.registries = std::sync::Arc::new(registries(&args)?);

@@ -221,6 +221,19 @@ pub fn json_body<T>(
     body.map(|axum::Json(t)| t).map_err(ApiError::from)
 }
 
+/// An optional JSON body: `T::default()` when it is empty (or only
+/// whitespace), else `T` or a 400 saying the body is not `what`.
+pub fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    what: &str,
+) -> std::result::Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not {what}: {e}")))
+}
+
 /// The query parameters, or the error answer for them.
 pub fn query<T>(
     q: std::result::Result<axum::extract::Query<T>, QueryRejection>,

@@ -19,6 +19,7 @@ pub mod error;
 mod files;
 mod native;
 pub mod server;
+mod snapshots;
 mod templates;
 pub mod types;
 
@@ -94,6 +95,7 @@ pub struct RequestId(pub String);
         (name = "files", description = "Files inside a sandbox"),
         (name = "audit", description = "The audit trail"),
         (name = "templates", description = "Templates and the layer store"),
+        (name = "snapshots", description = "Snapshots and forks of sandboxes"),
         (name = "operations", description = "Health and metrics"),
     )
 )]
@@ -161,6 +163,10 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(native::set_timeout))
         .routes(routes!(native::pause_sandbox))
         .routes(routes!(native::resume_sandbox))
+        .routes(routes!(snapshots::create_snapshot))
+        .routes(routes!(snapshots::fork_sandbox))
+        .routes(routes!(snapshots::list_snapshots))
+        .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(native::get_network, native::set_network))
         .routes(routes!(native::exec))
         .routes(routes!(native::list_processes))

@@ -43,7 +43,7 @@ pub async fn create_sandbox(
 ) -> Result<Response> {
     let key = caller.key()?.clone();
     let body = json_body(body)?;
-    let (request, startup) = body.into_request(&api.daemon)?;
+    let (request, startup) = body.into_request(&api.daemon, &key)?;
     let created = api
         .daemon
         .create_started(&key, request, startup, &request_id.0)
@@ -257,12 +257,7 @@ pub async fn pause_sandbox(
     body: Bytes,
 ) -> Result<Json<SandboxView>> {
     let key = caller.key()?;
-    let request: PauseSandbox = if body.iter().all(u8::is_ascii_whitespace) {
-        PauseSandbox::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not a pause request: {e}")))?
-    };
+    let request: PauseSandbox = crate::error::optional_body(&body, "a pause request")?;
     let mode = match request.mode.as_deref() {
         None | Some("memory") => airlock_daemon::PauseMode::Memory,
         Some("filesystem") => airlock_daemon::PauseMode::Filesystem,

@@ -104,6 +104,8 @@ pub struct CollectedView {
     pub strays: usize,
     /// Build cache entries evicted.
     pub build_steps: usize,
+    /// Snapshot archives no snapshot recorded.
+    pub archives: usize,
 }
 
 /// Query of `POST /v1/gc`.
@@ -779,13 +781,7 @@ pub async fn bootstrap_template(
     body: Bytes,
 ) -> Result<Response> {
     caller.admin()?;
-    let request: BootstrapRequest = if body.is_empty() {
-        BootstrapRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            ApiError::bad_request(format!("the body is not a bootstrap request: {e}"))
-        })?
-    };
+    let request: BootstrapRequest = crate::error::optional_body(&body, "a bootstrap request")?;
     airlock_daemon::templates::check_new_template_name(&name)?;
     let tier = tier_param(request.tier.as_deref())?;
     // Refused before the answer starts streaming.
@@ -903,6 +899,7 @@ pub async fn collect_garbage(
         abandoned,
         strays,
         build_steps,
+        archives,
     } = tokio::task::spawn_blocking(move || daemon.collect_garbage_with(params.build_cache))
         .await
         .map_err(|e| {
@@ -913,5 +910,6 @@ pub async fn collect_garbage(
         abandoned,
         strays,
         build_steps,
+        archives,
     }))
 }

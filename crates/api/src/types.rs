@@ -191,13 +191,15 @@ pub struct CreateSandbox {
 impl CreateSandbox {
     /// The create request: the spec with its template resolved, and the
     /// template's start and ready commands; or what is wrong (400, or 404
-    /// for a template that does not exist).
+    /// for a template that does not exist). The template may be one of
+    /// `owner`'s snapshots.
     pub fn into_request(
         self,
         daemon: &Daemon,
+        owner: &airlock_store::KeyRow,
     ) -> Result<(NewSandboxRequest, Option<airlock_daemon::startup::Startup>), ApiError> {
         let template = self.template.clone().unwrap_or_else(|| "host".into());
-        let resolved = daemon.resolve_template(&template)?;
+        let resolved = daemon.resolve_template_for(owner, &template)?;
         let user_given = self.user.is_some();
         let tier_given = self.tier.is_some();
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;

@@ -435,54 +435,17 @@ impl Daemon {
     /// Freezes the writable layer of the step sandbox `id` into a layer of
     /// the store and records it: `None` when the step changed no file.
     async fn commit_layer(&self, id: &str) -> Result<Option<(String, u64)>, DaemonError> {
-        let store = self.layer_store()?;
-        let staging = store
-            .stage()
-            .map_err(|e| DaemonError::Internal(format!("cannot stage a layer: {e}")))?;
-        let (reader, writer) = std::io::pipe()
-            .map_err(|e| DaemonError::Internal(format!("cannot make a pipe: {e}")))?;
-        let into = staging.path().to_owned();
-        let unpacking = tokio::task::spawn_blocking(move || {
-            airlock_layers::unpack::unpack_layer(
-                reader,
-                &into,
-                &airlock_layers::unpack::UnpackLimits::default(),
-            )
-        });
         let sandbox = self.running(id)?;
-        let exported = match self.inner.tiers.get(sandbox.spec.tier) {
-            Ok(backend) => backend.export_writable_layer(id, Box::new(writer)).await,
-            Err(e) => Err(airlock_backend::ExportError::Unsupported {
-                tier: sandbox.spec.tier.as_str(),
-            })
-            .inspect_err(|_| tracing::warn!("{e}")),
-        };
-        let unpacked = unpacking
+        let frozen = self
+            .freeze_layer(&sandbox, None)
             .await
-            .map_err(|e| DaemonError::Internal(format!("the layer's unpacking was lost: {e}")))?;
-        let snapshot = exported.map_err(|e| match e {
-            airlock_backend::ExportError::Snapshot(e) => DaemonError::BadInput(format!(
-                "the step's changes cannot be a layer: {}",
-                airlock_backend::error_chain(&e)
-            )),
-            other => DaemonError::Internal(airlock_backend::error_chain(&other)),
-        })?;
-        let unpacked = unpacked.map_err(|e| {
-            DaemonError::Internal(format!(
-                "unpacking a step's layer: {}",
-                airlock_backend::error_chain(&e)
-            ))
-        })?;
-        // Only the root: the step changed nothing.
-        if snapshot.entries <= 1 {
-            return Ok(None);
-        }
-        let _using = self.inner.layers_lock.read().await;
-        store
-            .commit(staging, &unpacked.diff_id)
-            .map_err(|e| DaemonError::Internal(format!("cannot commit a layer: {e}")))?;
-        self.with_store(|s| s.record_layer(&unpacked.diff_id, unpacked.bytes, unpacked.entries))?;
-        Ok(Some((unpacked.diff_id, unpacked.bytes)))
+            .map_err(|e| match e {
+                DaemonError::BadInput(message) => DaemonError::BadInput(
+                    message.replace("the sandbox's changes", "the step's changes"),
+                ),
+                other => other,
+            })?;
+        Ok(frozen.layer.as_ref().map(|l| (l.diff_id.clone(), l.bytes)))
     }
 
     /// The layer ids the store records.

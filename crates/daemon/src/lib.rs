@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod startup;
 pub mod templates;
 pub mod tiers;
@@ -109,6 +110,8 @@ pub struct Config {
     /// How long an unused build cache entry keeps its layer: the collector
     /// evicts older ones.
     pub build_cache_ttl: Duration,
+    /// The zstd level snapshots' archives are written at.
+    pub snapshot_zstd_level: i32,
 }
 
 /// What the machine can give one sandbox at most.
@@ -166,6 +169,7 @@ impl Config {
             build_network: airlock_policy::NetworkPolicy::None,
             build_step_timeout: Duration::from_secs(3600),
             build_cache_ttl: Duration::from_secs(7 * 24 * 3600),
+            snapshot_zstd_level: airlock_layers::keep::DEFAULT_LEVEL,
         }
     }
 }

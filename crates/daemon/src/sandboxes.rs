@@ -1340,7 +1340,7 @@ impl Drop for Launch {
 }
 
 /// A tier's answer to a pause or resume, as the daemon's.
-fn state_error(e: airlock_backend::StateError) -> DaemonError {
+pub(crate) fn state_error(e: airlock_backend::StateError) -> DaemonError {
     use airlock_backend::StateError;
     match e {
         StateError::Unsupported { .. } => DaemonError::Unsupported(e.to_string()),

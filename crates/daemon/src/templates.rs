@@ -70,6 +70,9 @@ pub struct Collected {
     /// Build cache entries evicted (unused for longer than the cache's
     /// lifetime, or all on request), whose layers could then go.
     pub build_steps: usize,
+    /// Snapshot archives no snapshot recorded (a crash between writing
+    /// and recording one).
+    pub archives: usize,
 }
 
 /// Whether `name` may name a template: 1 to 128 of letters, digits and
@@ -478,7 +481,7 @@ impl Daemon {
 
     /// Removes every layer nothing references, and whatever the layer
     /// store holds that no record names, after evicting the build cache's
-    /// stale entries. Blocking.
+    /// stale entries, and snapshot archives no snapshot records. Blocking.
     pub fn collect_garbage(&self) -> Result<Collected, DaemonError> {
         self.collect_garbage_with(false)
     }
@@ -499,6 +502,7 @@ impl Daemon {
             .sweep()
             .map_err(|e| DaemonError::Internal(format!("sweeping the layer store: {e}")))?;
         collected.abandoned = swept.abandoned;
+        collected.archives = self.sweep_archives();
         collected.strays = swept.strays;
         for diff_id in self.with_store(|s| s.unreferenced_layers())? {
             // The record goes first only if still unreferenced (a create
@@ -546,7 +550,15 @@ impl Daemon {
         let unrecorded = store.layers().map_or(0, |layers| {
             layers.iter().filter(|l| !recorded.contains(*l)).count()
         });
-        unrecorded + store.abandoned().unwrap_or(0)
+        let snapshots: HashSet<String> = self
+            .with_store(|s| s.snapshot_ids())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let archives = self
+            .stray_archives(&snapshots, std::time::Duration::from_secs(3600))
+            .len();
+        unrecorded + store.abandoned().unwrap_or(0) + archives
     }
 
     /// Collects now and then every `every`, for the daemon's life.

@@ -11,6 +11,8 @@
 //!   the dpkg, apk, Python and npm packages of its merged layers.
 //! - [`snapshot`]: a sandbox's writable overlayfs upper (hostile, read by
 //!   descriptor) frozen into an OCI layer tar stream, deterministically.
+//! - [`keep`]: that stream kept as a zstd-compressed archive while it is
+//!   unpacked (a snapshot's portable form).
 //!
 //! Which layers are referenced (by templates, by sandboxes) is the state
 //! database's business (`airlock-store`); this crate holds the files.
@@ -18,6 +20,7 @@
 
 pub mod archive;
 pub mod bootstrap;
+pub mod keep;
 pub mod sbom;
 pub mod snapshot;
 pub mod store;

@@ -14,6 +14,8 @@ pub enum Entity {
     Template,
     /// A row of `layers`.
     Layer,
+    /// A row of `snapshots`.
+    Snapshot,
 }
 
 impl fmt::Display for Entity {
@@ -23,6 +25,7 @@ impl fmt::Display for Entity {
             Entity::ApiKey => "API key",
             Entity::Template => "template",
             Entity::Layer => "layer",
+            Entity::Snapshot => "snapshot",
         })
     }
 }

@@ -11,6 +11,9 @@
 //!   start configuration and stack of layers (by `diff_id`), the layers
 //!   unpacked in the layer store, and the layers each sandbox runs on, so
 //!   the collector knows what nothing references;
+//! - **snapshots**: a tenant's frozen sandbox filesystems, each a stack of
+//!   layers (its source's template and the sandbox's changes) owned by the
+//!   key that took it, with the sizes and time of taking it;
 //! - **events**: the queryable copy of the audit trail (access, security and
 //!   runtime streams), tied together by sandbox id and request id. Events
 //!   have no foreign key, so a sandbox's trail outlives its row.
@@ -36,6 +39,7 @@ mod keys;
 mod sandboxes;
 mod schema;
 mod secret;
+mod snapshots;
 mod templates;
 mod types;
 
@@ -51,6 +55,7 @@ pub use secret::{
     hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,
     LEGACY_KEY_SECRET_PREFIX,
 };
+pub use snapshots::{new_snapshot_id, NewSnapshot, SnapshotFilter, SnapshotRow};
 pub use templates::{LayerRow, NewTemplate, TemplateRow};
 pub use types::{
     EventRow, KeyRow, ListQuery, NewEvent, NewSandbox, Page, ParseEnumError, SandboxRow, State,

@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -149,6 +149,48 @@ ALTER TABLE sandboxes DROP COLUMN supervisor_pid;
 /// create names none (NULL: the daemon's default).
 const V5: &str = r#"
 ALTER TABLE templates ADD COLUMN tier TEXT CHECK (tier IS NULL OR length(tier) BETWEEN 1 AND 32);
+"#;
+
+/// Version 6: snapshots, a tenant's frozen sandbox filesystems. A
+/// snapshot stacks layers like a template (its source's template layers
+/// and the sandbox's changes on top) but belongs to the key that took it;
+/// its layers are referenced like a template's.
+const V6: &str = r#"
+CREATE TABLE snapshots (
+    id             TEXT    PRIMARY KEY NOT NULL CHECK (id GLOB 'snap-*'),
+    -- Unique per owner; NULL for an unnamed snapshot.
+    name           TEXT    CHECK (name IS NULL OR length(name) BETWEEN 1 AND 128),
+    owner_key_id   TEXT    NOT NULL,
+    -- The sandbox it was taken of (it may be gone since).
+    sandbox_id     TEXT    NOT NULL,
+    -- The template that sandbox was created from, as it was named.
+    template       TEXT    NOT NULL,
+    tier           TEXT    NOT NULL,
+    -- How its sandboxes start (an image configuration).
+    config_json    TEXT    NOT NULL CHECK (json_valid(config_json) AND json_type(config_json) = 'object'),
+    -- The sandbox's changes: entries and bytes of regular files as
+    -- unpacked, then the zstd-compressed tar's size, digest and level.
+    entries        INTEGER NOT NULL CHECK (entries >= 0),
+    bytes          INTEGER NOT NULL CHECK (bytes >= 0),
+    tar_bytes      INTEGER NOT NULL CHECK (tar_bytes >= 0),
+    archive_bytes  INTEGER NOT NULL CHECK (archive_bytes >= 0),
+    archive_digest TEXT    CHECK (archive_digest IS NULL OR (archive_digest GLOB 'sha256:*' AND length(archive_digest) = 71)),
+    zstd_level     INTEGER NOT NULL,
+    took_ms        INTEGER NOT NULL CHECK (took_ms >= 0),
+    created_at     INTEGER NOT NULL,
+    UNIQUE (owner_key_id, name)
+) STRICT;
+
+CREATE INDEX snapshots_by_sandbox ON snapshots (sandbox_id);
+
+CREATE TABLE snapshot_layers (
+    snapshot     TEXT    NOT NULL REFERENCES snapshots (id) ON DELETE CASCADE,
+    position     INTEGER NOT NULL CHECK (position >= 0),
+    diff_id      TEXT    NOT NULL REFERENCES layers (diff_id) ON DELETE RESTRICT,
+    PRIMARY KEY (snapshot, position)
+) STRICT;
+
+CREATE INDEX snapshot_layers_by_layer ON snapshot_layers (diff_id);
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

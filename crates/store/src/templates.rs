@@ -134,23 +134,11 @@ impl Store {
                 created_at,
                 tier
             ])?;
-        for (position, diff_id) in new.layers.iter().enumerate() {
-            let inserted = self
-                .conn
-                .prepare_cached(
-                    "INSERT INTO template_layers (template, position, diff_id) VALUES (?1, ?2, ?3)",
-                )?
-                .execute(params![new.name, position as i64, diff_id]);
-            if let Err(rusqlite::Error::SqliteFailure(e, _)) = &inserted {
-                if e.code == ErrorCode::ConstraintViolation {
-                    return Err(StoreError::NotFound {
-                        kind: Entity::Layer,
-                        id: diff_id.clone(),
-                    });
-                }
-            }
-            inserted?;
-        }
+        self.insert_layer_stack(
+            "INSERT INTO template_layers (template, position, diff_id) VALUES (?1, ?2, ?3)",
+            &new.name,
+            &new.layers,
+        )?;
         tx.commit()?;
         Ok(TemplateRow {
             name: new.name.clone(),
@@ -161,6 +149,34 @@ impl Store {
             created_at,
             tier,
         })
+    }
+
+    /// Inserts `layers`, bottom first, as the stack of `owner` with `sql`
+    /// (an `INSERT` of owner, position and diff_id), inside the caller's
+    /// transaction; a layer that is not recorded is
+    /// [`StoreError::NotFound`].
+    pub(crate) fn insert_layer_stack(
+        &self,
+        sql: &str,
+        owner: &str,
+        layers: &[String],
+    ) -> Result<(), StoreError> {
+        for (position, diff_id) in layers.iter().enumerate() {
+            let inserted =
+                self.conn
+                    .prepare_cached(sql)?
+                    .execute(params![owner, position as i64, diff_id]);
+            if let Err(rusqlite::Error::SqliteFailure(e, _)) = &inserted {
+                if e.code == ErrorCode::ConstraintViolation {
+                    return Err(StoreError::NotFound {
+                        kind: Entity::Layer,
+                        id: diff_id.clone(),
+                    });
+                }
+            }
+            inserted?;
+        }
+        Ok(())
     }
 
     /// Sets (or with `None` clears) the tier of template `name`.
@@ -280,7 +296,7 @@ impl Store {
     }
 
     /// The layers nothing references: no template stacks them, no
-    /// sandbox that is not dead runs on them and no build step caches them. Dead sandboxes' references
+    /// sandbox that is not dead runs on them, no snapshot stacks them and no build step caches them. Dead sandboxes' references
     /// are dropped first.
     pub fn unreferenced_layers(&self) -> Result<Vec<String>, StoreError> {
         self.conn
@@ -295,6 +311,7 @@ impl Store {
                 "SELECT diff_id FROM layers l WHERE \
                  NOT EXISTS (SELECT 1 FROM template_layers t WHERE t.diff_id = l.diff_id) AND \
                  NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = l.diff_id) AND \
+                 NOT EXISTS (SELECT 1 FROM snapshot_layers p WHERE p.diff_id = l.diff_id) AND \
                  NOT EXISTS (SELECT 1 FROM build_steps b WHERE b.diff_id = l.diff_id) \
                  ORDER BY diff_id",
             )?
@@ -311,19 +328,21 @@ impl Store {
                 "DELETE FROM layers WHERE diff_id = ?1 AND \
                  NOT EXISTS (SELECT 1 FROM template_layers t WHERE t.diff_id = ?1) AND \
                  NOT EXISTS (SELECT 1 FROM sandbox_layers s WHERE s.diff_id = ?1) AND \
+                 NOT EXISTS (SELECT 1 FROM snapshot_layers p WHERE p.diff_id = ?1) AND \
                  NOT EXISTS (SELECT 1 FROM build_steps b WHERE b.diff_id = ?1)",
             )?
             .execute([diff_id])?;
         Ok(changed > 0)
     }
 
-    /// How many templates and sandboxes that are not dead reference the
-    /// layer `diff_id`.
+    /// How many templates, snapshots and sandboxes that are not dead
+    /// reference the layer `diff_id`.
     pub fn layer_references(&self, diff_id: &str) -> Result<u64, StoreError> {
         let count: i64 = self
             .conn
             .prepare_cached(
                 "SELECT (SELECT count(*) FROM template_layers WHERE diff_id = ?1) + \
+             (SELECT count(*) FROM snapshot_layers WHERE diff_id = ?1) + \
              (SELECT count(*) FROM sandbox_layers s JOIN sandboxes b ON b.id = s.sandbox_id \
               WHERE s.diff_id = ?1 AND b.state <> 'dead')",
             )?

@@ -1,6 +1,7 @@
 //! The CLI commands that drive a running daemon (`airlock serve`) through its
 //! native API (`docs/api.md`): `create`, `ls`, `status`, `exec`, `cp`,
-//! `files`, `kill`, `logs`, `network`, `template` and `gc`.
+//! `files`, `kill`, `pause`, `resume`, `snapshot`, `fork`, `logs`, `network`,
+//! `template` and `gc`.
 //!
 //! Layout:
 //! - `mod.rs`: the [`ClientCommand`] enum (flattened into the binary's
@@ -14,6 +15,7 @@
 //!   exit codes as `airlock run` has them.
 //! - `files.rs`: `cp` and `files`.
 //! - `templates.rs`: `template import|ls|inspect|rm` and `gc`.
+//! - `snapshots.rs`: `snapshot create|ls|show|rm` and `fork`.
 //! - `format.rs`: pure helpers: tables, ages, sizes, RFC 3339 times, `K=V`.
 //!
 //! Everything is synchronous: one connection at a time, plus a thread each
@@ -28,6 +30,7 @@ mod files;
 mod format;
 mod http;
 mod sandboxes;
+mod snapshots;
 pub(crate) mod templates;
 #[cfg(test)]
 mod testing;
@@ -63,6 +66,12 @@ pub enum ClientCommand {
     Pause(sandboxes::PauseArgs),
     /// Resume a paused sandbox.
     Resume(sandboxes::StatusArgs),
+    /// Freeze sandboxes' files into snapshots; list, show and remove them.
+    #[command(subcommand)]
+    Snapshot(snapshots::SnapshotCommand),
+    /// Start copies of a sandbox on its files, copy-on-write; print their
+    /// ids.
+    Fork(snapshots::ForkArgs),
     /// Show a sandbox's audit events.
     Logs(sandboxes::LogsArgs),
     /// Show a sandbox's network policy, or replace it while it runs
@@ -90,6 +99,8 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Kill(args) => sandboxes::kill(&args),
         ClientCommand::Pause(args) => sandboxes::pause(&args),
         ClientCommand::Resume(args) => sandboxes::resume(&args),
+        ClientCommand::Snapshot(command) => snapshots::main(&command),
+        ClientCommand::Fork(args) => snapshots::fork(&args),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
         ClientCommand::Network(args) => sandboxes::network(&args),
         ClientCommand::Template(command) => templates::main(&command),

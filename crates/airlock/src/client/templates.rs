@@ -790,8 +790,8 @@ pub fn gc(args: &GcArgs) -> Result<ExitCode> {
     }
     let layers = answer["layers"].as_array().map_or(0, Vec::len);
     println!(
-        "removed {layers} unreferenced layers, {} abandoned imports, {} strays, {} build cache entries",
-        answer["abandoned"], answer["strays"], answer["build_steps"]
+        "removed {layers} unreferenced layers, {} abandoned imports, {} strays, {} build cache entries, {} stray snapshot archives",
+        answer["abandoned"], answer["strays"], answer["build_steps"], answer["archives"]
     );
     Ok(ExitCode::SUCCESS)
 }

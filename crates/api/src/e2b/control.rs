@@ -15,7 +15,8 @@
 //! | `POST /sandboxes/{id}/pause` | 204 paused (its cgroup frozen, memory kept); 409 when it is paused already; 501 naming a tier or host that cannot pause |
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
 //! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
-//! | fork, snapshots, refreshes, logs | 501 after the sandbox is found |
+//! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `POST /sandboxes/{id}/fork` | see [`snapshots`] |
+//! | refreshes, logs | 501 after the sandbox is found |
 //!
 //! A sandbox that was killed, timed out or died is gone, as on e2b: every
 //! route answers 404 for it. Errors are e2b's `{"code": <status>,
@@ -31,6 +32,7 @@
 //! through `E2B_SANDBOX_URL` (this same port).
 
 pub mod builds;
+mod snapshots;
 pub mod steps;
 pub mod templates;
 pub mod wire;
@@ -146,8 +148,9 @@ pub fn router(api: Api, builds: std::sync::Arc<builds::Builds>) -> Router {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/fork", post(not_served))
-        .route("/sandboxes/{id}/snapshots", post(not_served))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
         .route("/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/sandboxes/{id}/refreshes", post(not_served))
         .route("/sandboxes/{id}/logs", get(not_served))
@@ -265,12 +268,7 @@ fn key_of(caller: &Caller) -> Result<&KeyRow> {
 
 /// A JSON body that may be empty (then `T::default()`).
 fn body_of<T: serde::de::DeserializeOwned + Default>(bytes: &Bytes) -> Result<T> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(bytes).map_err(|e| {
-        E2bError::bad_request(format!("the body is not valid JSON for this route: {e}"))
-    })
+    crate::error::optional_body(bytes, "valid JSON for this route").map_err(E2bError::from)
 }
 
 fn query_of<T>(q: std::result::Result<Query<T>, QueryRejection>) -> Result<T> {
@@ -315,9 +313,10 @@ async fn create_v2(
     create(api, caller, request_id, &builds, body, CreateRoute::V2).await
 }
 
-/// Whether `name` is a template registered with the daemon.
-fn is_registered(api: &Api, name: &str) -> bool {
-    api.daemon.resolve_template(name).is_ok()
+/// Whether `name` is a template registered with the daemon or one of
+/// `key`'s snapshots.
+fn is_registered(api: &Api, key: &KeyRow, name: &str) -> bool {
+    api.daemon.resolve_template_for(key, name).is_ok()
 }
 
 /// Whether a template name is one of the code interpreter's.
@@ -341,7 +340,7 @@ async fn create(
     let lookup = templates::native_name(&api, Some(builds), &name).unwrap_or_else(|| name.clone());
     let native_template = match template_choice(&lookup) {
         TemplateChoice::Host => "host".to_owned(),
-        TemplateChoice::Registered(name) if is_registered(&api, &name) => name,
+        TemplateChoice::Registered(name) if is_registered(&api, &key, &name) => name,
         TemplateChoice::Registered(name) => {
             let status = match route {
                 CreateRoute::V1 => StatusCode::BAD_REQUEST,
@@ -361,12 +360,13 @@ async fn create(
         config.max_timeout.as_secs(),
         config.e2b_internet,
     )?;
-    let (mut request, startup) = native
-        .into_request(&api.daemon)
-        .map_err(|e| match e.status {
-            StatusCode::NOT_FOUND => E2bError::new(StatusCode::NOT_FOUND, e.message),
-            _ => E2bError::bad_request(e.message),
-        })?;
+    let (mut request, startup) =
+        native
+            .into_request(&api.daemon, &key)
+            .map_err(|e| match e.status {
+                StatusCode::NOT_FOUND => E2bError::new(StatusCode::NOT_FOUND, e.message),
+                _ => E2bError::bad_request(e.message),
+            })?;
     // Recorded as the client named it: `templateID` reads back.
     request.template_name = name;
     let created = api
@@ -639,8 +639,6 @@ async fn not_served(
     live_row(&api, key_of(&caller)?, &id)?;
     Err(
         match route.as_str().rsplit('/').next().unwrap_or_default() {
-            "fork" => E2bError::not_supported("forking", ""),
-            "snapshots" => E2bError::not_supported("snapshotting", ""),
             "refreshes" => E2bError::not_supported("refreshing", "; use set_timeout"),
             _ => E2bError::not_supported(
                 "reading sandbox logs",

@@ -42,6 +42,7 @@ pub fn is_control_path(path: &str) -> bool {
         "/templates",
         "/v2/templates",
         "/v3/templates",
+        "/snapshots",
     ]
     .iter()
     .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))

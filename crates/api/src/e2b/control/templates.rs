@@ -691,10 +691,20 @@ pub async fn delete(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Extension(builds): Extension<Arc<Builds>>,
+    Extension(request_id): Extension<crate::RequestId>,
     Path(id): Path<String>,
 ) -> Result<StatusCode> {
+    // A snapshot is a template to e2b (`Sandbox.delete_snapshot`): the
+    // caller's own, no admin needed.
+    let Some(name) = native_name(&api, Some(&builds), &id) else {
+        let key = key_of(&caller)?;
+        return match api.daemon.delete_snapshot(key, &id, &request_id.0) {
+            Ok(_) => Ok(StatusCode::NO_CONTENT),
+            Err(airlock_daemon::DaemonError::NotFound(_)) => Err(not_found(&id)),
+            Err(e) => Err(e.into()),
+        };
+    };
     admin(&caller)?;
-    let name = native_name(&api, Some(&builds), &id).ok_or_else(|| not_found(&id))?;
     api.daemon.delete_template(&name)?;
     Ok(StatusCode::NO_CONTENT)
 }
