@@ -196,3 +196,17 @@ def test_pause_keeps_files_and_processes_and_connect_resumes(make_sandbox, tag):
     assert frozen_at < 6 + 10, f"it counted while paused: {frozen_at}"
     time.sleep(0.3)
     assert int(resumed.commands.run("cat /tmp/n").stdout) > frozen_at
+
+def test_pause_and_connect_twice_in_a_row_keep_every_change(make_sandbox):
+    """E2B's most reported resume bug: file changes lost across resumes."""
+    sbx = make_sandbox()
+    for word in ["first", "second"]:
+        sbx.files.write(f"/home/user/{word}", word)
+        sbx.commands.run(f"echo {word} >> /tmp/log")
+        pause(sbx)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert sbx.files.read("/home/user/first") == "first"
+    assert sbx.files.read("/home/user/second") == "second"
+    assert sbx.commands.run("cat /tmp/log").stdout == "first\nsecond\n"

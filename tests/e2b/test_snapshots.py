@@ -1,0 +1,112 @@
+"""Snapshots and forks through the e2b SDK, unmodified.
+
+`sbx.create_snapshot(name=...)`, `Sandbox.list_snapshots`,
+`Sandbox.create(snapshot_id)`, `Sandbox.delete_snapshot`, `sbx.fork(count=)`
+and `Sandbox.fork(sandbox_id)`. A snapshot is of a sandbox's files (no tier
+here captures memory): the harness (crates/airlock/tests/e2b_sdk.rs) runs
+this file against a daemon that has the layered `base` template imported,
+since the host's system cannot be snapshotted.
+"""
+
+import time
+import uuid
+
+from e2b import Sandbox, SandboxState
+
+from conftest import pause
+
+
+def unique(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def test_a_snapshot_gives_new_sandboxes_its_files_and_fresh_identities(make_sandbox):
+    sbx = make_sandbox(template="base")
+    sbx.files.write("/home/user/notes.txt", "from the source")
+    sbx.commands.run("mkdir -p /home/user/proj && echo built > /home/user/proj/out")
+    name = unique("shot")
+    info = sbx.create_snapshot(name=name)
+    assert info.snapshot_id.split(":")[0] == name, info
+    assert any(n.startswith(name) for n in info.names), info
+    # The source runs on, untouched.
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert sbx.files.read("/home/user/notes.txt") == "from the source"
+
+    listed = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()
+    assert [s.snapshot_id for s in listed] == [info.snapshot_id]
+    by_name = Sandbox.list_snapshots(name=name).next_items()
+    assert [s.snapshot_id for s in by_name] == [info.snapshot_id]
+
+    children = [make_sandbox(template=info.snapshot_id) for _ in range(2)]
+    for child in children:
+        assert child.files.read("/home/user/notes.txt") == "from the source"
+        assert child.commands.run("cat /home/user/proj/out").stdout == "built\n"
+    ids = {sbx.sandbox_id} | {c.sandbox_id for c in children}
+    assert len(ids) == 3
+    hostnames = {c.commands.run("hostname").stdout for c in children + [sbx]}
+    assert len(hostnames) == 3, hostnames
+    assert children[0]._envd_access_token != children[1]._envd_access_token
+
+    assert Sandbox.delete_snapshot(info.snapshot_id) is True
+    assert Sandbox.delete_snapshot(info.snapshot_id) is False
+    assert Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items() == []
+    # Sandboxes made from it keep their files.
+    assert children[1].files.read("/home/user/notes.txt") == "from the source"
+
+
+def test_snapshots_page_through_next_token(make_sandbox):
+    sbx = make_sandbox(template="base")
+    taken = [sbx.create_snapshot().snapshot_id for _ in range(3)]
+    paginator = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id, limit=2)
+    seen = []
+    while paginator.has_next:
+        page = paginator.next_items()
+        assert len(page) <= 2
+        seen.extend(s.snapshot_id for s in page)
+    assert seen == taken
+    for snapshot_id in taken:
+        assert Sandbox.delete_snapshot(snapshot_id)
+
+
+def test_a_fork_gives_children_the_parents_files_and_the_parent_runs_on(make_sandbox):
+    parent = make_sandbox(template="base")
+    parent.files.write("/home/user/state", "parent")
+    parent.commands.run(
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+        background=True,
+    )
+    time.sleep(0.3)
+    children = parent.fork(count=2, timeout=120)
+    assert len(children) == 2
+    try:
+        for i, child in enumerate(children):
+            assert isinstance(child, Sandbox), child
+            assert child.sandbox_id != parent.sandbox_id
+            assert child.files.read("/home/user/state") == "parent"
+            child.files.write("/home/user/state", f"child {i}")
+        assert children[0].files.read("/home/user/state") == "child 0"
+        assert children[1].files.read("/home/user/state") == "child 1"
+        assert parent.files.read("/home/user/state") == "parent"
+        before = int(parent.commands.run("cat /tmp/n").stdout)
+        time.sleep(0.3)
+        assert int(parent.commands.run("cat /tmp/n").stdout) > before
+        # By id, too.
+        again = Sandbox.fork(parent.sandbox_id, timeout=60)
+        assert len(again) == 1 and isinstance(again[0], Sandbox), again
+        assert again[0].files.read("/home/user/state") == "parent"
+        children.extend(again)
+    finally:
+        for child in children:
+            if isinstance(child, Sandbox):
+                child.kill()
+
+
+def test_a_paused_sandbox_can_be_snapshotted_and_stays_paused(make_sandbox):
+    sbx = make_sandbox(template="base")
+    sbx.files.write("/tmp/while-paused", "yes")
+    pause(sbx)
+    info = Sandbox.create_snapshot(sbx.sandbox_id)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+    child = make_sandbox(template=info.snapshot_id)
+    assert child.files.read("/tmp/while-paused") == "yes"
+    assert Sandbox.delete_snapshot(info.snapshot_id)
