@@ -49,18 +49,6 @@ fn sh_ok(daemon: &TestDaemon, id: &str, script: &str) -> String {
     out
 }
 
-/// Starts a counter in the background (one line in /tmp/count each 50 ms).
-fn start_counter(daemon: &TestDaemon, id: &str) {
-    let started = daemon.call(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"cmd": "/bin/sh", "args": ["-c",
-            "i=0; while :; do i=$((i+1)); echo $i >> /tmp/count; sleep 0.05; done"],
-            "background": true})),
-    );
-    assert_eq!(started.status, 201, "{}", started.text());
-}
-
 fn count_lines(daemon: &TestDaemon, id: &str) -> usize {
     sh_ok(daemon, id, "cat /tmp/count 2>/dev/null | wc -l")
         .trim()
@@ -104,7 +92,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
              dd if=/dev/zero of=/work/deep/zeros bs=1024 count=512 2>/dev/null && \
              echo changed >> /etc/passwd && rm /etc/gone",
         );
-        start_counter(&daemon, &parent);
+        daemon.start_counter(&parent);
         std::thread::sleep(Duration::from_millis(200));
         let taken = daemon.call(
             "POST",
@@ -357,7 +345,7 @@ fn a_fork_starts_children_on_the_parents_files_copy_on_write_on_every_tier() {
         })));
         cleanup.add(&parent);
         sh_ok(&daemon, &parent, "echo parent > /home/user/state");
-        start_counter(&daemon, &parent);
+        daemon.start_counter(&parent);
         std::thread::sleep(Duration::from_millis(200));
         let forked = daemon.call(
             "POST",

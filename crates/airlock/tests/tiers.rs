@@ -506,16 +506,7 @@ fn a_paused_sandbox_stops_where_it_is_and_resumes_there_on_every_tier() {
         let created = daemon.create(json!({"tier": tier}));
         let id = created["id"].as_str().unwrap().to_owned();
         cleanup.add(&id);
-        // A process holding state in memory: it counts, one line each
-        // 50 ms, from its own variable.
-        let started = daemon.call(
-            "POST",
-            &format!("/v1/sandboxes/{id}/exec"),
-            Some(json!({"cmd": "/bin/sh", "args": ["-c",
-                "i=0; while :; do i=$((i+1)); echo $i >> /tmp/count; sleep 0.05; done"],
-                "background": true})),
-        );
-        assert_eq!(started.status, 201, "{tier}: {}", started.text());
+        daemon.start_counter(&id);
         std::thread::sleep(Duration::from_millis(300));
         let pause = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
         assert_eq!(pause.status, 200, "{tier}: {}", pause.text());

@@ -368,18 +368,7 @@ impl Daemon {
         config: &RunConfig,
         user: RunAs,
     ) -> Result<StepSandbox, DaemonError> {
-        let store = self.layer_store()?;
-        let paths = layers
-            .iter()
-            .map(|diff_id| {
-                store
-                    .path_of(diff_id)
-                    .filter(|p| p.is_dir())
-                    .ok_or_else(|| {
-                        DaemonError::Internal(format!("layer {diff_id} is not in the store"))
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let paths = self.layer_paths(&format!("the build of {name:?}"), layers)?;
         if paths.len() >= airlock_policy::MAX_LAYERS {
             return Err(DaemonError::BadInput(format!(
                 "the build has more than {} layers: merge RUN steps",

@@ -116,6 +116,18 @@ pub fn is_snapshot_name(name: &str) -> bool {
         && !name.starts_with("snap-")
 }
 
+/// A snapshot's id or name as an e2b client may spell it (`team/NAME`,
+/// `NAME:default`) bare; `None` for a tag other than `default`, which no
+/// snapshot has.
+fn bare_snapshot_name(text: &str) -> Option<&str> {
+    let bare = text.rsplit('/').next().unwrap_or(text);
+    match bare.split_once(':') {
+        Some((bare, "default")) => Some(bare),
+        Some(_) => None,
+        None => Some(bare),
+    }
+}
+
 /// The diff ids of the layers `spec` runs on, bottom first; `None` for a
 /// template that is not a stack of layers of the store.
 fn spec_layers(spec: &SandboxSpec) -> Option<Vec<String>> {
@@ -330,17 +342,9 @@ impl Daemon {
             }
         }
         let (sandbox, row, layers) = self.layered(key, id)?;
-        // A name taken again keeps its snapshot's id.
-        let existing = match &request.name {
-            Some(name) => self
-                .find_snapshot(key, name)?
-                .filter(|s| s.owner_key_id == key.id),
-            None => None,
-        };
-        let snapshot_id = match &existing {
-            Some(s) => s.id.clone(),
-            None => airlock_store::new_snapshot_id()?,
-        };
+        // A name taken again keeps its snapshot's id: the store says which
+        // id was recorded, and the archive is named after it.
+        let snapshot_id = airlock_store::new_snapshot_id()?;
         let dir = self.archive_dir();
         std::fs::create_dir_all(&dir)
             .map_err(|e| DaemonError::Internal(format!("cannot make {}: {e}", dir.display())))?;
@@ -429,11 +433,8 @@ impl Daemon {
         key: &KeyRow,
         id_or_name: &str,
     ) -> Result<Option<SnapshotRow>, DaemonError> {
-        let bare = id_or_name.rsplit('/').next().unwrap_or(id_or_name);
-        let bare = match bare.split_once(':') {
-            Some((bare, "default")) => bare,
-            Some(_) => return Ok(None),
-            None => bare,
+        let Some(bare) = bare_snapshot_name(id_or_name) else {
+            return Ok(None);
         };
         let mine = self.with_store(|s| {
             s.snapshots(&SnapshotFilter {
@@ -459,10 +460,12 @@ impl Daemon {
         sandbox_id: Option<&str>,
         name: Option<&str>,
     ) -> Result<Vec<SnapshotRow>, DaemonError> {
-        let name = name.map(|n| {
-            let bare = n.rsplit('/').next().unwrap_or(n);
-            bare.strip_suffix(":default").unwrap_or(bare).to_owned()
-        });
+        let name = match name.map(bare_snapshot_name) {
+            None => None,
+            Some(Some(bare)) => Some(bare.to_owned()),
+            // A tag other than `default`: no snapshot has it.
+            Some(None) => return Ok(Vec::new()),
+        };
         Ok(self.with_store(|s| {
             s.snapshots(&SnapshotFilter {
                 owner_key_id: (!key.is_admin).then(|| key.id.clone()),
@@ -524,18 +527,7 @@ impl Daemon {
 
     /// What a create from `snapshot` runs on.
     fn resolve_snapshot(&self, snapshot: &SnapshotRow) -> Result<ResolvedTemplate, DaemonError> {
-        let store = self.layer_store()?;
-        let paths = snapshot
-            .layers
-            .iter()
-            .map(|diff_id| match store.path_of(diff_id) {
-                Some(path) if path.is_dir() => Ok(path),
-                _ => Err(DaemonError::Internal(format!(
-                    "snapshot {} names layer {diff_id}, which is not in the store",
-                    snapshot.id
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let paths = self.layer_paths(&format!("snapshot {}", snapshot.id), &snapshot.layers)?;
         Ok(ResolvedTemplate {
             template: Template::Layers { layers: paths },
             layers: snapshot.layers.clone(),
@@ -605,15 +597,8 @@ impl Daemon {
         };
         drop(frozen);
         let froze_ms = started.elapsed().as_millis() as u64;
-        let resolved = {
-            let store = self.layer_store()?;
-            stack
-                .iter()
-                .map(|diff_id| store.path_of(diff_id))
-                .collect::<Option<Vec<_>>>()
-        };
-        let children = match resolved {
-            Some(paths) => {
+        let children = match self.layer_paths(&format!("the fork of {id}"), &stack) {
+            Ok(paths) => {
                 let config = self.start_config_of(key, &row, &layers);
                 let mut spec = sandbox.spec.clone();
                 spec.template = Template::Layers { layers: paths };
@@ -630,9 +615,7 @@ impl Daemon {
                 });
                 futures_util::future::join_all(creates).await
             }
-            None => vec![Err(DaemonError::Internal(
-                "a fork's layer is not in the store".into(),
-            ))],
+            Err(e) => vec![Err(e)],
         };
         if let Some(holder) = holder {
             let _ = self.with_store(|s| s.delete_snapshot(&holder));
@@ -664,7 +647,7 @@ impl Daemon {
         };
         let recorded: std::collections::HashSet<String> = recorded.into_iter().collect();
         let mut removed = 0;
-        for stray in self.stray_archives(&recorded, PARTIAL_GRACE) {
+        for stray in self.stray_archives(&recorded) {
             if std::fs::remove_file(&stray).is_ok() {
                 removed += 1;
             }
@@ -673,11 +656,11 @@ impl Daemon {
     }
 
     /// Files of the archive directory no snapshot in `recorded` owns:
-    /// finished archives of no record, partial ones older than `grace`.
+    /// finished archives of no record, partial ones older than
+    /// [`PARTIAL_GRACE`] (younger ones are being written).
     pub(crate) fn stray_archives(
         &self,
         recorded: &std::collections::HashSet<String>,
-        grace: Duration,
     ) -> Vec<PathBuf> {
         let Ok(entries) = std::fs::read_dir(self.archive_dir()) else {
             return Vec::new();
@@ -694,7 +677,7 @@ impl Daemon {
                         .and_then(|m| m.modified())
                         .ok()
                         .and_then(|t| t.elapsed().ok())
-                        .is_none_or(|age| age > grace),
+                        .is_none_or(|age| age > PARTIAL_GRACE),
                 }
             })
             .map(|entry| entry.path())
@@ -723,6 +706,14 @@ mod tests {
         ] {
             assert!(!is_snapshot_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn e2b_spellings_of_a_snapshot_are_bare_but_other_tags_match_none() {
+        assert_eq!(bare_snapshot_name("snap-1"), Some("snap-1"));
+        assert_eq!(bare_snapshot_name("mine:default"), Some("mine"));
+        assert_eq!(bare_snapshot_name("team/mine:default"), Some("mine"));
+        assert_eq!(bare_snapshot_name("mine:v2"), None);
     }
 
     #[test]

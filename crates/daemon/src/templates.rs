@@ -169,7 +169,7 @@ impl Daemon {
                     pin.unwrap_or_default()
                 )));
             }
-            let paths = self.layer_paths(&row)?;
+            let paths = self.layer_paths(&format!("template {:?}", row.name), &row.layers)?;
             let config = serde_json::from_value(row.config.clone()).unwrap_or_default();
             return Ok(ResolvedTemplate {
                 template: Template::Layers { layers: paths },
@@ -242,7 +242,7 @@ impl Daemon {
     /// same layers give the same bytes). Blocking.
     pub fn template_sbom(&self, name: &str) -> Result<Vec<u8>, DaemonError> {
         let row = self.template(name)?;
-        let paths = self.layer_paths(&row)?;
+        let paths = self.layer_paths(&format!("template {:?}", row.name), &row.layers)?;
         let subject = airlock_layers::sbom::Subject {
             name: row.name.clone(),
             digest: row.digest.clone(),
@@ -427,16 +427,21 @@ impl Daemon {
         Ok(reference)
     }
 
-    /// The directories of `row`'s layers in the store, bottom first.
-    fn layer_paths(&self, row: &TemplateRow) -> Result<Vec<std::path::PathBuf>, DaemonError> {
+    /// The directories of `layers` in the layer store, bottom first;
+    /// `whose` (what names them, e.g. `template "base"`) is for the error
+    /// when one is missing.
+    pub(crate) fn layer_paths(
+        &self,
+        whose: &str,
+        layers: &[String],
+    ) -> Result<Vec<std::path::PathBuf>, DaemonError> {
         let store = self.layer_store()?;
-        row.layers
+        layers
             .iter()
             .map(|diff_id| match store.path_of(diff_id) {
                 Some(path) if path.is_dir() => Ok(path),
                 _ => Err(DaemonError::Internal(format!(
-                    "template {:?} names layer {diff_id}, which is not in the store",
-                    row.name
+                    "{whose} names layer {diff_id}, which is not in the store"
                 ))),
             })
             .collect()
@@ -555,9 +560,7 @@ impl Daemon {
             .unwrap_or_default()
             .into_iter()
             .collect();
-        let archives = self
-            .stray_archives(&snapshots, std::time::Duration::from_secs(3600))
-            .len();
+        let archives = self.stray_archives(&snapshots).len();
         unrecorded + store.abandoned().unwrap_or(0) + archives
     }
 

@@ -394,6 +394,19 @@ impl TestDaemon {
         (out, code)
     }
 
+    /// Starts, in sandbox `id`, a process holding state in memory: it
+    /// counts from its own variable, one line each 50 ms, into /tmp/count.
+    pub fn start_counter(&self, id: &str) {
+        let started = self.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(serde_json::json!({"cmd": "/bin/sh", "args": ["-c",
+                "i=0; while :; do i=$((i+1)); echo $i >> /tmp/count; sleep 0.05; done"],
+                "background": true})),
+        );
+        assert_eq!(started.status, 201, "{id}: {}", started.text());
+    }
+
     /// Deletes every sandbox that is not dead.
     pub fn delete_all(&self) {
         let answer = self.call("GET", "/v1/sandboxes?limit=1000", None);

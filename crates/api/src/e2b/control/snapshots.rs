@@ -28,13 +28,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
-/// e2b's `SandboxSnapshotRequest`.
+/// e2b's `SandboxSnapshotRequest` (its `memory` is accepted either way
+/// and not read: see the module doc).
 #[derive(Debug, Default, Deserialize)]
 struct SnapshotBody {
     name: Option<String>,
-    /// Read and accepted either way (see the module doc).
-    #[allow(dead_code)]
-    memory: Option<bool>,
 }
 
 /// e2b's `SnapshotInfo`.
