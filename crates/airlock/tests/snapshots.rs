@@ -90,7 +90,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
             &parent,
             "echo kept > /home/user/a.txt && mkdir -p /work/deep && \
              dd if=/dev/zero of=/work/deep/zeros bs=1024 count=512 2>/dev/null && \
-             echo changed >> /etc/passwd && rm /etc/gone",
+             echo changed >> /etc/passwd && rm /etc/gone && echo scratch > /tmp/t.txt",
         );
         daemon.start_counter(&parent);
         std::thread::sleep(Duration::from_millis(200));
@@ -143,7 +143,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
                 "cat /home/user/a.txt; tail -n 1 /etc/passwd; \
                  test -e /etc/gone && echo present || echo gone; \
                  wc -c < /work/deep/zeros; \
-                 ps | grep -c '[s]leep 0.0[5]'; hostname; cat /etc/hostname",
+                 ps | grep -c '[s]leep 0.0[5]'; hostname; cat /etc/hostname; cat /tmp/t.txt",
             );
             let lines: Vec<&str> = out.lines().collect();
             assert_eq!(lines[0], "kept", "{tier}: {out}");
@@ -153,6 +153,9 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
             // The source's counter did not come along.
             assert_eq!(lines[4].trim(), "0", "{tier}: {out}");
             assert_eq!(lines[5], lines[6], "{tier}: {out}");
+            // gVisor would keep an empty /tmp in its own memory: it is the
+            // root's, as on every tier.
+            assert_eq!(lines[7], "scratch", "{tier}: {out}");
             children.push((child, created["access_token"].clone(), lines[5].to_owned()));
         }
         let parent_host = sh_ok(&daemon, &parent, "hostname").trim().to_owned();

@@ -219,6 +219,25 @@ fn mounts(spec: &SandboxSpec, placement: &Placement<'_>) -> Result<Vec<Mount>, B
     if let Some(seccomp) = &placement.seccomp {
         mounts.push(bind(seccomp, SECCOMP_PATH)?);
     }
+    // gVisor mounts a tmpfs of its own at an empty /tmp the bundle does not
+    // mount: its files would live in the sentry's memory, out of the disk
+    // quota, snapshots and forks. Bound explicitly, /tmp stays the root's,
+    // as on every other tier.
+    let tmp_bound = placement.writable.iter().any(|(_, d)| d == "/tmp");
+    if placement.kind == Kind::Gvisor && !tmp_bound {
+        mounts.push(
+            MountBuilder::default()
+                .destination("/tmp")
+                .typ("bind")
+                .source(placement.root.join("tmp"))
+                .options(
+                    ["rbind", "rw", "nosuid", "nodev"]
+                        .map(String::from)
+                        .to_vec(),
+                )
+                .build()?,
+        );
+    }
     for (source, destination) in &placement.writable {
         mounts.push(
             MountBuilder::default()
@@ -518,6 +537,33 @@ mod tests {
             .iter()
             .any(|n| n.typ() == LinuxNamespaceType::User));
         assert!(linux.uid_mappings().is_none());
+    }
+
+    #[test]
+    fn gvisor_gets_the_roots_tmp_bound_and_runc_needs_no_bind() {
+        let spec = SandboxSpec::default();
+        let tmp_mounts = |placement: &Placement<'_>| {
+            config(&spec, placement.kind, placement)
+                .unwrap()
+                .mounts()
+                .as_ref()
+                .unwrap()
+                .iter()
+                .filter(|m| m.destination() == Path::new("/tmp"))
+                .map(|m| m.source().clone().unwrap())
+                .collect::<Vec<_>>()
+        };
+        let gvisor = placed(Path::new("/r"), Path::new("/a"), None);
+        assert_eq!(tmp_mounts(&gvisor), vec![PathBuf::from("/r/tmp")]);
+        let mut runc = gvisor.clone();
+        runc.kind = Kind::Runc;
+        assert!(tmp_mounts(&runc).is_empty());
+        // A read-only root's writable /tmp is bound once, from where the
+        // plan says.
+        let mut host = gvisor.clone();
+        host.read_only_root = true;
+        host.writable = vec![(PathBuf::from("/w/tmp"), "/tmp".to_owned())];
+        assert_eq!(tmp_mounts(&host), vec![PathBuf::from("/w/tmp")]);
     }
 
     #[test]

@@ -148,13 +148,14 @@ impl Runtime {
     }
 
     /// Runs `agent` (with no arguments: it prints its usage and exits 2)
-    /// as the init of a bundle whose root is an empty directory.
+    /// as the init of a bundle whose root holds only the `/tmp` every
+    /// sandbox's root has (gVisor's bundle binds it).
     fn probe_run(&self, agent: &Path, scratch: &Path) -> Result<(), String> {
         let dir = scratch.join(format!("probe-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let result = (|| {
             let root = dir.join("root");
-            std::fs::create_dir_all(&root)
+            std::fs::create_dir_all(root.join("tmp"))
                 .map_err(|e| format!("cannot make {}: {e}", root.display()))?;
             let config = bundle::probe_config(&root, agent, self.kind)
                 .map_err(|e| format!("cannot write the probe's bundle: {e}"))?;
