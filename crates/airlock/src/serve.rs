@@ -73,6 +73,14 @@ pub struct ServeArgs {
     /// higher is smaller and slower).
     #[arg(long, default_value_t = airlock_layers::keep::DEFAULT_LEVEL, value_parser = clap::value_parser!(i32).range(-7..=19), allow_negative_numbers = true)]
     snapshot_zstd_level: i32,
+    /// How many snapshots one API key may keep; past it a snapshot is
+    /// refused (403) until one is deleted.
+    #[arg(long, default_value_t = airlock_daemon::DEFAULT_SNAPSHOT_QUOTA.count)]
+    max_snapshots_per_key: u64,
+    /// How many bytes one API key's snapshots may take together (their
+    /// changes and archives, e.g. 20G).
+    #[arg(long, default_value = "20G", value_parser = parse_size)]
+    max_snapshot_bytes_per_key: u64,
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
@@ -352,6 +360,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_timeout = args.default_timeout;
     config.paused_ttl = args.paused_ttl;
     config.snapshot_zstd_level = args.snapshot_zstd_level;
+    config.snapshot_quota = airlock_store::SnapshotQuota {
+        count: args.max_snapshots_per_key,
+        bytes: args.max_snapshot_bytes_per_key,
+    };
     config.max_upload_bytes = args.max_upload;
     config.max_image_bytes = args.max_image;
     config.registries = std::sync::Arc::new(registries(&args)?);

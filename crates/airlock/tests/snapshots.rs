@@ -530,3 +530,74 @@ fn many_snapshot_fork_delete_cycles_leave_nothing() {
         "RSS grew from {warm_rss} kB to {end_rss} kB over {cycles} cycles"
     );
 }
+
+#[test]
+fn a_key_at_its_snapshot_quota_is_refused_until_it_deletes_one() {
+    let _serial = serial();
+    let cleanup = SupervisorCleanup::default();
+    let daemon = TestDaemon::start(&[
+        "--max-snapshots-per-key",
+        "2",
+        "--max-snapshot-bytes-per-key",
+        "64M",
+    ]);
+    tiny(&daemon);
+    let other = daemon.new_key("other");
+    let other_key = other["key"].as_str().unwrap().to_owned();
+    let id = id_of(&daemon.create(json!({"template": "tiny"})));
+    cleanup.add(&id);
+    sh_ok(&daemon, &id, "echo a > /home/user/a");
+    let take =
+        |body: Value| daemon.call("POST", &format!("/v1/sandboxes/{id}/snapshots"), Some(body));
+    let first = take(json!({"name": "one"}));
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(take(json!({})).status, 201);
+    let refused = take(json!({"name": "three"}));
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(
+        refused.json()["code"],
+        "quota_exceeded",
+        "{}",
+        refused.text()
+    );
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds 2 snapshots"),
+        "{}",
+        refused.text()
+    );
+    // A refusal keeps nothing: no record, no archive, no partial.
+    let listed = daemon.call("GET", "/v1/snapshots", None).json();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 2, "{listed}");
+    assert_eq!(archives(&daemon).len(), 2, "{:?}", archives(&daemon));
+    // A name taken again replaces its snapshot, so it is within the quota.
+    let again = take(json!({"name": "one"}));
+    assert_eq!(again.status, 201, "{}", again.text());
+    assert_eq!(again.json()["id"], first.json()["id"]);
+    // Another key's quota is its own.
+    let as_other = |path: &str, body: Value| {
+        daemon.call_as(
+            Some(&other_key),
+            "POST",
+            path,
+            Some(body.to_string().as_bytes()),
+            Some("application/json"),
+            &[],
+        )
+    };
+    let theirs = as_other("/v1/sandboxes", json!({"template": "tiny"}));
+    assert_eq!(theirs.status, 201, "{}", theirs.text());
+    let theirs = id_of(&theirs.json());
+    cleanup.add(&theirs);
+    let taken = as_other(&format!("/v1/sandboxes/{theirs}/snapshots"), json!({}));
+    assert_eq!(taken.status, 201, "{}", taken.text());
+    // Deleting one makes room.
+    let gone = daemon.call("DELETE", "/v1/snapshots/one", None);
+    assert_eq!(gone.status, 204, "{}", gone.text());
+    assert_eq!(take(json!({"name": "three"})).status, 201);
+    daemon.delete_all();
+    collect(&daemon);
+    assert!(unowned(&daemon).ends_with(" 0"), "{}", unowned(&daemon));
+}

@@ -90,6 +90,9 @@ impl From<DaemonError> for ApiError {
                 ApiError::new(StatusCode::NOT_IMPLEMENTED, "not_implemented", message)
             }
             DaemonError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
+            DaemonError::QuotaExceeded(_) => {
+                ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", message)
+            }
             DaemonError::TooLarge(_) => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
             }

@@ -112,7 +112,16 @@ pub struct Config {
     pub build_cache_ttl: Duration,
     /// The zstd level snapshots' archives are written at.
     pub snapshot_zstd_level: i32,
+    /// How many snapshots, of how many bytes, one API key may keep.
+    pub snapshot_quota: airlock_store::SnapshotQuota,
 }
+
+/// What one API key may keep in snapshots unless the operator says
+/// otherwise: 100 of them, 20 GiB.
+pub const DEFAULT_SNAPSHOT_QUOTA: airlock_store::SnapshotQuota = airlock_store::SnapshotQuota {
+    count: 100,
+    bytes: 20 << 30,
+};
 
 /// What the machine can give one sandbox at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +179,7 @@ impl Config {
             build_step_timeout: Duration::from_secs(3600),
             build_cache_ttl: Duration::from_secs(7 * 24 * 3600),
             snapshot_zstd_level: airlock_layers::keep::DEFAULT_LEVEL,
+            snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
         }
     }
 }
@@ -218,6 +228,9 @@ pub enum DaemonError {
     /// names the tier.
     #[error("{0}")]
     Unsupported(String),
+    /// The caller holds as much of something as it may (403).
+    #[error("{0}")]
+    QuotaExceeded(String),
     /// The sandbox runs, but the daemon (restarted) has not reconnected to
     /// it yet: its adoption is being retried (503 with Retry-After).
     #[error("sandbox {0} is being reconnected after a daemon restart; try again")]
@@ -256,6 +269,7 @@ impl From<StoreError> for DaemonError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::InvalidCursor => DaemonError::BadInput("the cursor is not valid".into()),
+            StoreError::SnapshotQuota(exceeded) => DaemonError::QuotaExceeded(exceeded.to_string()),
             StoreError::InvalidLimit { .. } => {
                 DaemonError::BadInput("limit must be between 1 and 1000".into())
             }

@@ -342,6 +342,13 @@ impl Daemon {
             }
         }
         let (sandbox, row, layers) = self.layered(key, id)?;
+        // Refused before the work when the key is at its quota already (the
+        // store refuses again, counting this snapshot's bytes, at the end).
+        let quota = self.config().snapshot_quota;
+        let usage = self.with_store(|s| s.snapshot_usage(&key.id, request.name.as_deref()))?;
+        if let Some(exceeded) = usage.exceeded_by(0, &quota) {
+            return Err(DaemonError::QuotaExceeded(exceeded.to_string()));
+        }
         // A name taken again keeps its snapshot's id: the store says which
         // id was recorded, and the archive is named after it.
         let snapshot_id = airlock_store::new_snapshot_id()?;
@@ -374,25 +381,30 @@ impl Daemon {
         };
         let archived = frozen.archived.clone();
         let recorded = self.with_store(|s| {
-            s.put_snapshot(&SnapshotRow {
-                id: snapshot_id.clone(),
-                name: request.name.clone(),
-                owner_key_id: key.id.clone(),
-                sandbox_id: id.to_owned(),
-                template: row.template.clone(),
-                tier: sandbox.spec.tier.as_str().to_owned(),
-                config: serde_json::to_value(&config).unwrap_or_else(|_| json!({})),
-                layers: stack,
-                entries,
-                bytes,
-                tar_bytes: archived.as_ref().map_or(0, |a| a.tar_bytes),
-                archive_bytes: archived.as_ref().map_or(0, |a| a.archive_bytes),
-                archive_digest: archived.as_ref().map(|a| a.digest.clone()),
-                zstd_level: level,
-                took_ms,
-                created_at: 0,
-            })
+            s.put_snapshot(
+                &SnapshotRow {
+                    id: snapshot_id.clone(),
+                    name: request.name.clone(),
+                    owner_key_id: key.id.clone(),
+                    sandbox_id: id.to_owned(),
+                    template: row.template.clone(),
+                    tier: sandbox.spec.tier.as_str().to_owned(),
+                    config: serde_json::to_value(&config).unwrap_or_else(|_| json!({})),
+                    layers: stack,
+                    entries,
+                    bytes,
+                    tar_bytes: archived.as_ref().map_or(0, |a| a.tar_bytes),
+                    archive_bytes: archived.as_ref().map_or(0, |a| a.archive_bytes),
+                    archive_digest: archived.as_ref().map(|a| a.digest.clone()),
+                    zstd_level: level,
+                    took_ms,
+                    created_at: 0,
+                },
+                Some(&quota),
+            )
         });
+        // A layer the store refused to record a snapshot of is the
+        // collector's.
         drop(frozen);
         let recorded = match recorded {
             Ok(row) => row,
@@ -572,24 +584,27 @@ impl Daemon {
                 stack.push(diff.diff_id.clone());
                 let holder = airlock_store::new_snapshot_id()?;
                 self.with_store(|s| {
-                    s.put_snapshot(&SnapshotRow {
-                        id: holder.clone(),
-                        name: None,
-                        owner_key_id: key.id.clone(),
-                        sandbox_id: id.to_owned(),
-                        template: row.template.clone(),
-                        tier: sandbox.spec.tier.as_str().to_owned(),
-                        config: json!({}),
-                        layers: stack.clone(),
-                        entries: diff.entries,
-                        bytes: diff.bytes,
-                        tar_bytes: 0,
-                        archive_bytes: 0,
-                        archive_digest: None,
-                        zstd_level: 0,
-                        took_ms: 0,
-                        created_at: 0,
-                    })
+                    s.put_snapshot(
+                        &SnapshotRow {
+                            id: holder.clone(),
+                            name: None,
+                            owner_key_id: key.id.clone(),
+                            sandbox_id: id.to_owned(),
+                            template: row.template.clone(),
+                            tier: sandbox.spec.tier.as_str().to_owned(),
+                            config: json!({}),
+                            layers: stack.clone(),
+                            entries: diff.entries,
+                            bytes: diff.bytes,
+                            tar_bytes: 0,
+                            archive_bytes: 0,
+                            archive_digest: None,
+                            zstd_level: 0,
+                            took_ms: 0,
+                            created_at: 0,
+                        },
+                        None,
+                    )
                 })?;
                 Some(holder)
             }

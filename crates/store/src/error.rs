@@ -77,6 +77,9 @@ pub enum StoreError {
     /// A new sandbox names an owner key that is not in the store.
     #[error("the owner API key {0} does not exist")]
     UnknownOwner(String),
+    /// A new snapshot would take its owner past its quota.
+    #[error("{0}")]
+    SnapshotQuota(crate::SnapshotQuotaExceeded),
     /// A pagination cursor was not one this store handed out.
     #[error("the pagination cursor is malformed")]
     InvalidCursor,

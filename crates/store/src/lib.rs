@@ -55,7 +55,10 @@ pub use secret::{
     hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,
     LEGACY_KEY_SECRET_PREFIX,
 };
-pub use snapshots::{new_snapshot_id, NewSnapshot, SnapshotFilter, SnapshotRow};
+pub use snapshots::{
+    new_snapshot_id, NewSnapshot, SnapshotFilter, SnapshotQuota, SnapshotQuotaExceeded,
+    SnapshotRow, SnapshotUsage,
+};
 pub use templates::{LayerRow, NewTemplate, TemplateRow};
 pub use types::{
     EventRow, KeyRow, ListQuery, NewEvent, NewSandbox, Page, ParseEnumError, SandboxRow, State,

@@ -43,6 +43,52 @@ pub struct SnapshotRow {
 /// A snapshot to record (`created_at` is now).
 pub type NewSnapshot = SnapshotRow;
 
+/// How much of its snapshots one key may keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotQuota {
+    /// Snapshots (a name taken again replaces one, and takes none more).
+    pub count: u64,
+    /// Their changes' bytes and archives' bytes together.
+    pub bytes: u64,
+}
+
+/// What a key's snapshots take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SnapshotUsage {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl SnapshotUsage {
+    /// What `quota` this usage plus one more snapshot of `bytes` would
+    /// exceed, if any.
+    pub fn exceeded_by(&self, bytes: u64, quota: &SnapshotQuota) -> Option<SnapshotQuotaExceeded> {
+        if self.count.saturating_add(1) > quota.count {
+            return Some(SnapshotQuotaExceeded::Count {
+                held: self.count,
+                limit: quota.count,
+            });
+        }
+        if self.bytes.saturating_add(bytes) > quota.bytes {
+            return Some(SnapshotQuotaExceeded::Bytes {
+                held: self.bytes,
+                adding: bytes,
+                limit: quota.bytes,
+            });
+        }
+        None
+    }
+}
+
+/// Which part of a snapshot quota a new snapshot would exceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotQuotaExceeded {
+    #[error("this API key holds {held} snapshots, its limit: delete one before taking another")]
+    Count { held: u64, limit: u64 },
+    #[error("this API key's snapshots hold {held} bytes and this one {adding} more, past its limit of {limit}: delete some before taking another")]
+    Bytes { held: u64, adding: u64, limit: u64 },
+}
+
 /// Which snapshots a listing returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SnapshotFilter {
@@ -92,8 +138,14 @@ impl Store {
     /// Records a snapshot. One of the same owner and name is replaced in
     /// place: it keeps its id (what clients hold), and takes the new
     /// layers and figures; the id of `new` is then unused. All or nothing.
-    /// Returns what was recorded.
-    pub fn put_snapshot(&self, new: &NewSnapshot) -> Result<SnapshotRow, StoreError> {
+    /// Returns what was recorded. With `quota`, refuses (changing nothing)
+    /// a snapshot that would take its owner past it, counting what it
+    /// replaces as gone.
+    pub fn put_snapshot(
+        &self,
+        new: &NewSnapshot,
+        quota: Option<&SnapshotQuota>,
+    ) -> Result<SnapshotRow, StoreError> {
         if !new.config.is_object() {
             return Err(StoreError::InvalidJson {
                 field: "config_json",
@@ -109,6 +161,14 @@ impl Store {
                 .optional()?,
             None => None,
         };
+        if let Some(quota) = quota {
+            let usage = self.snapshot_usage(&new.owner_key_id, new.name.as_deref())?;
+            if let Some(exceeded) =
+                usage.exceeded_by(new.bytes.saturating_add(new.archive_bytes), quota)
+            {
+                return Err(StoreError::SnapshotQuota(exceeded));
+            }
+        }
         let mut row = new.clone();
         row.created_at = now_millis();
         if let Some(id) = existing {
@@ -146,6 +206,28 @@ impl Store {
         )?;
         tx.commit()?;
         Ok(row)
+    }
+
+    /// What `owner`'s snapshots take, but for the one named `replacing`
+    /// (which a snapshot of that name replaces).
+    pub fn snapshot_usage(
+        &self,
+        owner: &str,
+        replacing: Option<&str>,
+    ) -> Result<SnapshotUsage, StoreError> {
+        let (count, bytes): (i64, i64) = self
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*), COALESCE(SUM(bytes + archive_bytes), 0) FROM snapshots \
+                 WHERE owner_key_id = ?1 AND (?2 IS NULL OR name IS NULL OR name != ?2)",
+            )?
+            .query_row(params![owner, replacing], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?;
+        Ok(SnapshotUsage {
+            count: count.max(0) as u64,
+            bytes: bytes.max(0) as u64,
+        })
     }
 
     fn snapshot_layers(&self, id: &str) -> Result<Vec<String>, StoreError> {
@@ -257,12 +339,10 @@ mod tests {
         store.record_layer(&digest('a'), 1, 1).unwrap();
         store.record_layer(&digest('b'), 1, 1).unwrap();
         let put = store
-            .put_snapshot(&snapshot(
-                "snap-1",
-                "key-a",
+            .put_snapshot(
+                &snapshot("snap-1", "key-a", None, vec![digest('a'), digest('b')]),
                 None,
-                vec![digest('a'), digest('b')],
-            ))
+            )
             .unwrap();
         assert!(put.created_at > 0);
         assert!(store.unreferenced_layers().unwrap().is_empty());
@@ -289,7 +369,7 @@ mod tests {
     fn a_snapshot_of_unrecorded_layers_is_refused_whole() {
         let store = Store::open_in_memory().unwrap();
         assert!(matches!(
-            store.put_snapshot(&snapshot("snap-1", "key-a", None, vec![digest('a')])),
+            store.put_snapshot(&snapshot("snap-1", "key-a", None, vec![digest('a')]), None),
             Err(StoreError::NotFound {
                 kind: Entity::Layer,
                 ..
@@ -304,13 +384,22 @@ mod tests {
         store.record_layer(&digest('a'), 1, 1).unwrap();
         store.record_layer(&digest('b'), 1, 1).unwrap();
         store
-            .put_snapshot(&snapshot("snap-1", "key-a", Some("s"), vec![digest('a')]))
+            .put_snapshot(
+                &snapshot("snap-1", "key-a", Some("s"), vec![digest('a')]),
+                None,
+            )
             .unwrap();
         store
-            .put_snapshot(&snapshot("snap-2", "key-b", Some("s"), vec![digest('a')]))
+            .put_snapshot(
+                &snapshot("snap-2", "key-b", Some("s"), vec![digest('a')]),
+                None,
+            )
             .unwrap();
         let again = store
-            .put_snapshot(&snapshot("snap-3", "key-a", Some("s"), vec![digest('b')]))
+            .put_snapshot(
+                &snapshot("snap-3", "key-a", Some("s"), vec![digest('b')]),
+                None,
+            )
             .unwrap();
         assert_eq!(again.id, "snap-1");
         assert!(store.get_snapshot("snap-3").unwrap().is_none());
@@ -344,5 +433,55 @@ mod tests {
             .unwrap();
         assert!(of_other.is_empty());
         assert!(new_snapshot_id().unwrap().starts_with("snap-"));
+    }
+
+    #[test]
+    fn a_quota_counts_what_a_key_holds_and_a_retaken_name_replaces() {
+        let store = Store::open_in_memory().unwrap();
+        store.record_layer(&digest('a'), 1, 1).unwrap();
+        let quota = SnapshotQuota {
+            count: 2,
+            bytes: 1000,
+        };
+        let put = |id: &str, owner: &str, name: Option<&str>| {
+            store.put_snapshot(&snapshot(id, owner, name, vec![digest('a')]), Some(&quota))
+        };
+        put("snap-1", "key-a", Some("s")).unwrap();
+        put("snap-2", "key-a", None).unwrap();
+        // The third is refused, and changes nothing.
+        assert!(matches!(
+            put("snap-3", "key-a", None),
+            Err(StoreError::SnapshotQuota(SnapshotQuotaExceeded::Count {
+                held: 2,
+                limit: 2
+            }))
+        ));
+        assert!(store.get_snapshot("snap-3").unwrap().is_none());
+        // A name taken again replaces its snapshot: none more is held.
+        assert_eq!(put("snap-4", "key-a", Some("s")).unwrap().id, "snap-1");
+        // Another key has a quota of its own.
+        put("snap-5", "key-b", None).unwrap();
+        assert_eq!(
+            store.snapshot_usage("key-a", None).unwrap(),
+            SnapshotUsage {
+                count: 2,
+                bytes: 260
+            }
+        );
+        let tight = SnapshotQuota {
+            count: 10,
+            bytes: 300,
+        };
+        assert!(matches!(
+            store.put_snapshot(
+                &snapshot("snap-6", "key-a", None, vec![digest('a')]),
+                Some(&tight)
+            ),
+            Err(StoreError::SnapshotQuota(SnapshotQuotaExceeded::Bytes {
+                held: 260,
+                adding: 130,
+                limit: 300
+            }))
+        ));
     }
 }

@@ -173,7 +173,7 @@ impl From<DaemonError> for ConnectError {
             DaemonError::Forbidden(_) => Code::PermissionDenied,
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
             DaemonError::InSandbox(_) | DaemonError::StepFailed(_) => Code::Unknown,
-            DaemonError::Rejected(_) => Code::ResourceExhausted,
+            DaemonError::Rejected(_) | DaemonError::QuotaExceeded(_) => Code::ResourceExhausted,
             DaemonError::Reconnecting(_) | DaemonError::Upstream(_) => Code::Unavailable,
             DaemonError::Unavailable(_) => {
                 // Transient; the detail goes to the log only.
