@@ -97,6 +97,11 @@ pub struct ServeArgs {
     /// (also once at start).
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     gc_interval: Duration,
+    /// Warm pools to keep (set at start, kept in the state database like
+    /// those set through the API): a JSON array of
+    /// `{"name", "template", "tier"?, "networked"?, "min_ready", "max"?, "refill"?}`.
+    #[arg(long, value_name = "FILE")]
+    pools: Option<PathBuf>,
     /// Largest image `airlock template import` may send, or a pull may
     /// fetch (its compressed layers), e.g. 16G.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
@@ -449,6 +454,16 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         tokio::spawn(daemon.clone().run_reaper());
         tokio::spawn(daemon.clone().run_collector(args.gc_interval));
+        if let Some(file) = &args.pools {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let pools: Vec<airlock_daemon::pools::NamedPoolSettings> = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a list of pools", file.display()))?;
+            daemon
+                .set_pools_from(pools)
+                .with_context(|| format!("cannot set the pools of {}", file.display()))?;
+        }
+        tokio::spawn(daemon.clone().run_pools());
         daemon.warm();
         let listener = airlock_api::server::listen(args.listen)
             .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -459,6 +474,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         airlock_api::server::serve(listener, daemon.clone(), limits, shutdown_signal()).await;
         daemon.shutdown();
+        daemon.drain_pools().await;
         // The socket directory goes when no sandbox uses it any more.
         let _ = std::fs::remove_dir(
             airlock_jail::runtime::RuntimeDir::system()

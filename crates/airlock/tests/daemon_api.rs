@@ -4,13 +4,9 @@
 
 mod common;
 
-use common::daemon::{assert_sandbox_gone, TestDaemon};
+use common::daemon::{assert_sandbox_gone, id_of, TestDaemon};
 use serde_json::{json, Value};
 use std::time::Duration;
-
-fn id_of(sandbox: &Value) -> String {
-    sandbox["id"].as_str().unwrap().to_owned()
-}
 
 #[test]
 fn a_sandbox_lives_runs_and_is_released_by_delete() {

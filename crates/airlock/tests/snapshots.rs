@@ -35,22 +35,9 @@ fn tiny(daemon: &TestDaemon) {
     import_ok(daemon, &archive, "tiny");
 }
 
-fn id_of(value: &Value) -> String {
-    value["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no id in {value}"))
-        .to_owned()
-}
-
-/// Runs `script`, which must succeed; its output.
-fn sh_ok(daemon: &TestDaemon, id: &str, script: &str) -> String {
-    let (out, code) = daemon.sh_out(id, script);
-    assert_eq!(code, 0, "{id}: {script}: {out}");
-    out
-}
-
 fn count_lines(daemon: &TestDaemon, id: &str) -> usize {
-    sh_ok(daemon, id, "cat /tmp/count 2>/dev/null | wc -l")
+    daemon
+        .sh_ok(id, "cat /tmp/count 2>/dev/null | wc -l")
         .trim()
         .parse()
         .unwrap()
@@ -85,8 +72,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
             "tier": tier, "template": "tiny", "user": "root",
         })));
         cleanup.add(&parent);
-        sh_ok(
-            &daemon,
+        daemon.sh_ok(
             &parent,
             "echo kept > /home/user/a.txt && mkdir -p /work/deep && \
              dd if=/dev/zero of=/work/deep/zeros bs=1024 count=512 2>/dev/null && \
@@ -137,8 +123,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
             assert_eq!(created["tier"], tier, "a snapshot's tier: {created}");
             let child = id_of(&created);
             cleanup.add(&child);
-            let out = sh_ok(
-                &daemon,
+            let out = daemon.sh_ok(
                 &child,
                 "cat /home/user/a.txt; tail -n 1 /etc/passwd; \
                  test -e /etc/gone && echo present || echo gone; \
@@ -158,7 +143,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
             assert_eq!(lines[7], "scratch", "{tier}: {out}");
             children.push((child, created["access_token"].clone(), lines[5].to_owned()));
         }
-        let parent_host = sh_ok(&daemon, &parent, "hostname").trim().to_owned();
+        let parent_host = daemon.sh_ok(&parent, "hostname").trim().to_owned();
         assert_ne!(children[0].0, children[1].0);
         assert_ne!(children[0].1, children[1].1);
         assert_ne!(children[0].2, children[1].2, "{tier}: hostnames");
@@ -204,7 +189,7 @@ fn a_snapshot_carries_files_to_new_sandboxes_with_fresh_identities_on_every_tier
         );
         collect(&daemon);
         for (child, _, _) in &children {
-            assert_eq!(sh_ok(&daemon, child, "cat /home/user/a.txt"), "kept\n");
+            assert_eq!(daemon.sh_ok(child, "cat /home/user/a.txt"), "kept\n");
         }
         for id in children.iter().map(|c| &c.0).chain([&parent]) {
             daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
@@ -225,14 +210,14 @@ fn a_name_taken_again_keeps_its_id_and_a_paused_sandbox_stays_paused() {
     tiny(&daemon);
     let id = id_of(&daemon.create(json!({"template": "tiny"})));
     cleanup.add(&id);
-    sh_ok(&daemon, &id, "echo one > /tmp/v");
+    daemon.sh_ok(&id, "echo one > /tmp/v");
     let first = daemon.call(
         "POST",
         &format!("/v1/sandboxes/{id}/snapshots"),
         Some(json!({"name": "again"})),
     );
     assert_eq!(first.status, 201, "{}", first.text());
-    sh_ok(&daemon, &id, "echo two > /tmp/v");
+    daemon.sh_ok(&id, "echo two > /tmp/v");
     let paused = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(paused.status, 200, "{}", paused.text());
     let second = daemon.call(
@@ -255,7 +240,7 @@ fn a_name_taken_again_keeps_its_id_and_a_paused_sandbox_stays_paused() {
     );
     let child = id_of(&daemon.create(json!({"template": "again"})));
     cleanup.add(&child);
-    assert_eq!(sh_ok(&daemon, &child, "cat /tmp/v"), "two\n");
+    assert_eq!(daemon.sh_ok(&child, "cat /tmp/v"), "two\n");
     // Only one archive: the first was replaced.
     assert_eq!(archives(&daemon).len(), 1, "{:?}", archives(&daemon));
     daemon.delete_all();
@@ -347,7 +332,7 @@ fn a_fork_starts_children_on_the_parents_files_copy_on_write_on_every_tier() {
             "tier": tier, "template": "tiny", "metadata": {"run": "r1"},
         })));
         cleanup.add(&parent);
-        sh_ok(&daemon, &parent, "echo parent > /home/user/state");
+        daemon.sh_ok(&parent, "echo parent > /home/user/state");
         daemon.start_counter(&parent);
         std::thread::sleep(Duration::from_millis(200));
         let forked = daemon.call(
@@ -377,16 +362,16 @@ fn a_fork_starts_children_on_the_parents_files_copy_on_write_on_every_tier() {
         );
         // Each child writes its own; nobody else sees it.
         for (i, child) in children.iter().enumerate() {
-            assert_eq!(sh_ok(&daemon, child, "cat /home/user/state"), "parent\n");
-            sh_ok(&daemon, child, &format!("echo child{i} > /home/user/state"));
+            assert_eq!(daemon.sh_ok(child, "cat /home/user/state"), "parent\n");
+            daemon.sh_ok(child, &format!("echo child{i} > /home/user/state"));
         }
         for (i, child) in children.iter().enumerate() {
             assert_eq!(
-                sh_ok(&daemon, child, "cat /home/user/state"),
+                daemon.sh_ok(child, "cat /home/user/state"),
                 format!("child{i}\n")
             );
         }
-        assert_eq!(sh_ok(&daemon, &parent, "cat /home/user/state"), "parent\n");
+        assert_eq!(daemon.sh_ok(&parent, "cat /home/user/state"), "parent\n");
         let before = count_lines(&daemon, &parent);
         std::thread::sleep(Duration::from_millis(300));
         assert!(
@@ -416,8 +401,7 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
             let id = id_of(&daemon.create(json!({"tier": tier, "template": template})));
             cleanup.add(&id);
             for (n, word) in ["first", "second"].iter().enumerate() {
-                sh_ok(
-                    &daemon,
+                daemon.sh_ok(
                     &id,
                     &format!("echo {word} > /home/user/{word} && echo {word} >> /tmp/log"),
                 );
@@ -432,11 +416,7 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
                 }
             }
             assert_eq!(
-                sh_ok(
-                    &daemon,
-                    &id,
-                    "cat /home/user/first /home/user/second /tmp/log"
-                ),
+                daemon.sh_ok(&id, "cat /home/user/first /home/user/second /tmp/log"),
                 "first\nsecond\nfirst\nsecond\n",
                 "{tier} {template}"
             );
@@ -471,7 +451,7 @@ fn many_snapshot_fork_delete_cycles_leave_nothing() {
     };
     let mut warm_rss = 0;
     for cycle in 0..cycles {
-        sh_ok(&daemon, &parent, &format!("echo {cycle} > /home/user/n"));
+        daemon.sh_ok(&parent, &format!("echo {cycle} > /home/user/n"));
         let taken = daemon.call(
             "POST",
             &format!("/v1/sandboxes/{parent}/snapshots"),
@@ -483,7 +463,7 @@ fn many_snapshot_fork_delete_cycles_leave_nothing() {
         if cycle % 10 == 0 {
             let child = id_of(&daemon.create(json!({"template": snap})));
             assert_eq!(
-                sh_ok(&daemon, &child, "cat /home/user/n"),
+                daemon.sh_ok(&child, "cat /home/user/n"),
                 format!("{cycle}\n")
             );
             let forked = daemon.call(
@@ -546,7 +526,7 @@ fn a_key_at_its_snapshot_quota_is_refused_until_it_deletes_one() {
     let other_key = other["key"].as_str().unwrap().to_owned();
     let id = id_of(&daemon.create(json!({"template": "tiny"})));
     cleanup.add(&id);
-    sh_ok(&daemon, &id, "echo a > /home/user/a");
+    daemon.sh_ok(&id, "echo a > /home/user/a");
     let take =
         |body: Value| daemon.call("POST", &format!("/v1/sandboxes/{id}/snapshots"), Some(body));
     let first = take(json!({"name": "one"}));

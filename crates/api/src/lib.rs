@@ -18,6 +18,7 @@ pub mod e2b;
 pub mod error;
 mod files;
 mod native;
+mod pools;
 pub mod server;
 mod snapshots;
 mod templates;
@@ -96,6 +97,7 @@ pub struct RequestId(pub String);
         (name = "audit", description = "The audit trail"),
         (name = "templates", description = "Templates and the layer store"),
         (name = "snapshots", description = "Snapshots and forks of sandboxes"),
+        (name = "pools", description = "Warm pools of started sandboxes (admin)"),
         (name = "operations", description = "Health and metrics"),
     )
 )]
@@ -167,6 +169,12 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(snapshots::fork_sandbox))
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
+        .routes(routes!(pools::list_pools))
+        .routes(routes!(
+            pools::get_pool,
+            pools::set_pool,
+            pools::delete_pool
+        ))
         .routes(routes!(native::get_network, native::set_network))
         .routes(routes!(native::exec))
         .routes(routes!(native::list_processes))

@@ -107,6 +107,7 @@ pub async fn list_sandboxes(
             states,
             metadata,
             owner_key_id: None,
+            except_owner_key_id: None,
             limit: params.limit,
             cursor: params.cursor.clone(),
         },

@@ -354,6 +354,23 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
+    /// Sets the memory and CPU limits of the running sandbox `id` (a warm
+    /// pool's member, claimed with limits of its own); everything else
+    /// stays as it was created. Tiers that cannot say so.
+    async fn resize(
+        &self,
+        id: &str,
+        resources: &Resources,
+        memory_bytes: u64,
+        cpu_millis: u32,
+    ) -> Result<(), StateError> {
+        let _ = (id, resources, memory_bytes, cpu_millis);
+        Err(StateError::Unsupported {
+            tier: self.tier().as_str(),
+            what: "changing limits",
+        })
+    }
+
     /// Resumes a sandbox [`Backend::pause`] paused with its memory kept:
     /// its processes continue where they were. Tiers that cannot say so.
     async fn resume(&self, id: &str, resources: &Resources) -> Result<(), StateError> {

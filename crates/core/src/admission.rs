@@ -426,6 +426,27 @@ impl Admission {
         }
     }
 
+    /// Admits one creation for `key_id` only if it takes nothing from a
+    /// caller: nobody waits, the caps have room, and more than
+    /// `keep_free` create slots are free after it. Background work (warm
+    /// pool refills) asks this way, so it never delays or starves creates.
+    pub fn try_admit_idle(&self, key_id: &str, keep_free: usize) -> Option<CreatePermit> {
+        let inner = &self.inner;
+        let mut counts = inner.counts();
+        let limits = &inner.limits;
+        let of_key = counts.reserved_per_key.get(key_id).copied().unwrap_or(0);
+        if counts.queued > 0
+            || counts.reserved_total >= limits.max_live_total
+            || of_key >= limits.max_live_per_key
+            || inner.create_slots.available_permits() <= keep_free
+        {
+            return None;
+        }
+        let slot = Arc::clone(&inner.create_slots).try_acquire_owned().ok()?;
+        let reservation = Reservation::take(inner, &mut counts, key_id, Phase::Creating);
+        Some(CreatePermit { reservation, slot })
+    }
+
     /// Counts a sandbox that already exists (re-adopted at reconciliation)
     /// as live for `key_id`, bypassing caps and queue: it is there whether
     /// the caps like it or not, and counting it keeps new admissions honest.

@@ -500,3 +500,31 @@ async fn stress_200_concurrent_admits_threads() {
 async fn stress_200_concurrent_admits_paused_clock() {
     stress().await;
 }
+
+#[tokio::test]
+async fn idle_admission_takes_a_slot_only_when_no_caller_waits_and_room_stays() {
+    let adm = admission(3, 2, 2, 4);
+    // One slot must stay free: with two, one may be taken.
+    let first = adm.try_admit_idle("pool", 1).unwrap();
+    assert!(adm.try_admit_idle("pool", 1).is_none());
+    // A caller takes the last slot; the next one waits, and while it does
+    // background work gets nothing, even once a slot frees.
+    let caller = adm.admit("a").await.unwrap();
+    let waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { adm.admit("b").await.map(|p| p.succeeded()) }
+    });
+    until(|| adm.snapshot().queued == 1).await;
+    assert!(adm.try_admit_idle("pool", 0).is_none());
+    drop(first);
+    let lease = waiting.await.unwrap().unwrap();
+    // Per-key and total caps bind it as they bind callers.
+    let pool_live = adm.try_admit_idle("pool", 0).unwrap().succeeded();
+    assert!(adm.try_admit_idle("pool", 0).is_none(), "total cap of 3");
+    drop(caller);
+    drop(lease);
+    let second = adm.try_admit_idle("pool", 0).unwrap().succeeded();
+    assert!(adm.try_admit_idle("pool", 0).is_none(), "per-key cap of 2");
+    drop((pool_live, second));
+    assert_eq!(adm.snapshot(), stats(0, 0, 0, 0));
+}

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod files;
 pub mod interpreter;
 pub mod metrics;
+pub mod pools;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
@@ -382,6 +383,8 @@ pub(crate) struct Inner {
     layers_lock: tokio::sync::RwLock<()>,
     /// Templates being built (one build of a name at a time).
     building: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Warm pools and their ready members.
+    pools: pools::Pools,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -506,6 +509,7 @@ impl Daemon {
                 egress,
                 layers_lock: tokio::sync::RwLock::new(()),
                 building: std::sync::Mutex::default(),
+                pools: pools::Pools::default(),
             }),
         })
     }
@@ -670,7 +674,24 @@ impl Daemon {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .len() as i64;
-        *counts.entry("creating").or_default() += creating;
+        // Warm pool members wait as being created; they are counted apart.
+        let pooled = self.inner.pools.held() as i64;
+        *counts.entry("creating").or_default() += (creating - pooled).max(0);
+        for pool in self.inner.pools.views() {
+            let label = metrics::PoolLabel { pool: pool.name };
+            metrics
+                .pool_ready
+                .get_or_create(&label)
+                .set(i64::from(pool.ready));
+            metrics
+                .pool_starting
+                .get_or_create(&label)
+                .set(i64::from(pool.starting));
+            metrics
+                .pool_target
+                .get_or_create(&label)
+                .set(i64::from(pool.target));
+        }
         for state in ["creating", "running", "paused", "stopping"] {
             metrics
                 .sandboxes

@@ -18,6 +18,13 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+/// Label of a warm pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// Its name.
+    pub pool: String,
+}
+
 /// Label of why a sandbox died.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -102,6 +109,17 @@ pub struct Metrics {
     pub http_connections_refused: Counter,
     /// Egress connections and lookups, by protocol and decision.
     pub egress: Family<EgressLabel, Counter>,
+    /// Warm pool members ready, starting, and the number kept ready (set
+    /// before each scrape).
+    pub pool_ready: Family<PoolLabel, Gauge>,
+    pub pool_starting: Family<PoolLabel, Gauge>,
+    pub pool_target: Family<PoolLabel, Gauge>,
+    /// Creates a pool served, creates that found it empty, members started
+    /// and members that failed to start.
+    pub pool_claims: Family<PoolLabel, Counter>,
+    pub pool_misses: Family<PoolLabel, Counter>,
+    pub pool_refills: Family<PoolLabel, Counter>,
+    pub pool_refill_failures: Family<PoolLabel, Counter>,
 }
 
 /// Latency buckets from 1 ms to about 16 s.
@@ -217,8 +235,57 @@ impl Metrics {
             "Egress connections and DNS lookups by protocol and decision",
             egress.clone(),
         );
+        let pool_ready = Family::<PoolLabel, Gauge>::default();
+        let pool_starting = Family::<PoolLabel, Gauge>::default();
+        let pool_target = Family::<PoolLabel, Gauge>::default();
+        let pool_claims = Family::<PoolLabel, Counter>::default();
+        let pool_misses = Family::<PoolLabel, Counter>::default();
+        let pool_refills = Family::<PoolLabel, Counter>::default();
+        let pool_refill_failures = Family::<PoolLabel, Counter>::default();
+        registry.register(
+            "pool_ready",
+            "Warm pool members ready to be claimed",
+            pool_ready.clone(),
+        );
+        registry.register(
+            "pool_starting",
+            "Warm pool members being started",
+            pool_starting.clone(),
+        );
+        registry.register(
+            "pool_target",
+            "Warm pool members a pool keeps ready now",
+            pool_target.clone(),
+        );
+        registry.register(
+            "pool_claims",
+            "Creates a warm pool served with a ready member",
+            pool_claims.clone(),
+        );
+        registry.register(
+            "pool_misses",
+            "Creates that fit a warm pool that had no member ready",
+            pool_misses.clone(),
+        );
+        registry.register(
+            "pool_refills",
+            "Warm pool members started",
+            pool_refills.clone(),
+        );
+        registry.register(
+            "pool_refill_failures",
+            "Warm pool members that failed to start",
+            pool_refill_failures.clone(),
+        );
         Metrics {
             registry,
+            pool_ready,
+            pool_starting,
+            pool_target,
+            pool_claims,
+            pool_misses,
+            pool_refills,
+            pool_refill_failures,
             sandboxes,
             deaths,
             create_seconds,

@@ -8,7 +8,7 @@
 use crate::audit::now_ms;
 use crate::{not_found, Daemon, DaemonError, LiveSandbox};
 use airlock_backend::{CreateError, Ending, Resources};
-use airlock_core::{next, Action, CreatePermit, DeadReason, State};
+use airlock_core::{next, Action, CreatePermit, DeadReason, LiveLease, State};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_store::{KeyRow, ListQuery, NewSandbox, Page, SandboxRow, Stream};
 use serde_json::json;
@@ -59,6 +59,15 @@ pub struct Created {
     pub row: SandboxRow,
     /// The access token, shown this once.
     pub access_token: String,
+}
+
+/// How a claim of a warm pool member went.
+enum Claim {
+    /// The member is the create's sandbox (or the create failed after it
+    /// was handed the member).
+    HandedOut(Result<Created, DaemonError>),
+    /// The member could not be used: the create starts its own sandbox.
+    Unusable(CreatePermit),
 }
 
 /// The store's state column and reason for a lifecycle state.
@@ -225,43 +234,39 @@ impl Daemon {
             }
         };
         let started = Instant::now();
+        // A warm pool's member, if one fits: claimed, it is handed out as
+        // this create's sandbox.
+        let permit = match self.inner.pools.take(&request.spec, &self.inner.metrics) {
+            Some(member) => match self
+                .claim(
+                    member,
+                    owner,
+                    &request,
+                    permit,
+                    startup.as_ref(),
+                    started,
+                    request_id,
+                )
+                .await
+            {
+                Claim::HandedOut(created) => return created,
+                Claim::Unusable(permit) => permit,
+            },
+            None => permit,
+        };
         let spec = request.spec;
         let backend = Arc::clone(self.inner.tiers.get(spec.tier)?);
-        let id = backend.reserve_id(&spec);
-        // Derived, not drawn, so dialects can hand it out again (see tokens).
-        let access_token = self.inner.token_key.token_for(&id);
-        let now = now_ms();
-        let spec_json = serde_json::to_string(&spec)
-            .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
+        let (id, access_token) = self
+            .record_creating(
+                &backend,
+                &owner.id,
+                &spec,
+                &request.template_name,
+                &request.metadata,
+                &request.layers,
+            )
+            .await?;
         let tier = spec.tier.as_str().to_owned();
-        // The layers are recorded with the row, before a collection could
-        // take them (the template may be removed while this one runs).
-        let layers_lock = self.inner.layers_lock.read().await;
-        let inserted = self.with_store(|s| {
-            s.insert_sandbox(&NewSandbox {
-                id: id.clone(),
-                tier: tier.clone(),
-                template: request.template_name.clone(),
-                spec_json,
-                metadata: request.metadata.clone(),
-                owner_key_id: owner.id.clone(),
-                access_token_hash: airlock_store::hash_secret(&access_token),
-                created_at: now,
-                expires_at: now.saturating_add(spec.timeout_ms as i64),
-                resources_json: None,
-                layers: request.layers.clone(),
-            })
-        });
-        drop(layers_lock);
-        if let Err(e) = inserted {
-            backend.unreserve(&id);
-            return Err(e.into());
-        }
-        self.inner
-            .creating
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone());
         // The launch runs in a task of its own: a client that goes away
         // (its request future dropped) must not cancel a backend half-way
         // through starting a sandbox, which would leave what it started
@@ -295,6 +300,169 @@ impl Daemon {
         })
     }
 
+    /// Records a sandbox being created for `owner_id` and counts it as
+    /// recorded; its id and access token.
+    pub(crate) async fn record_creating(
+        &self,
+        backend: &Arc<dyn airlock_backend::Backend>,
+        owner_id: &str,
+        spec: &SandboxSpec,
+        template_name: &str,
+        metadata: &BTreeMap<String, String>,
+        layers: &[String],
+    ) -> Result<(String, String), DaemonError> {
+        let id = backend.reserve_id(spec);
+        // Derived, not drawn, so dialects can hand it out again (see tokens).
+        let access_token = self.inner.token_key.token_for(&id);
+        let now = now_ms();
+        let spec_json = serde_json::to_string(spec)
+            .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))?;
+        // The layers are recorded with the row, before a collection could
+        // take them (the template may be removed while this one runs).
+        let inserted = {
+            let _layers = self.inner.layers_lock.read().await;
+            self.with_store(|s| {
+                s.insert_sandbox(&NewSandbox {
+                    id: id.clone(),
+                    tier: spec.tier.as_str().to_owned(),
+                    template: template_name.to_owned(),
+                    spec_json,
+                    metadata: metadata.clone(),
+                    owner_key_id: owner_id.to_owned(),
+                    access_token_hash: airlock_store::hash_secret(&access_token),
+                    created_at: now,
+                    expires_at: now.saturating_add(spec.timeout_ms as i64),
+                    resources_json: None,
+                    layers: layers.to_vec(),
+                })
+            })
+        };
+        if let Err(e) = inserted {
+            backend.unreserve(&id);
+            return Err(e.into());
+        }
+        self.inner
+            .creating
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone());
+        Ok((id, access_token))
+    }
+
+    /// Hands warm pool member `member` out as `owner`'s create `request`:
+    /// the record becomes the claimer's (owner, template name, spec,
+    /// metadata, token, times), its limits and deadline are the request's,
+    /// and the rest of a create (registration, egress path with the
+    /// request's policy, startup) runs as for a sandbox just started. A
+    /// member that died or cannot take the request's limits is torn down
+    /// and the permit given back for a create of its own.
+    #[allow(clippy::too_many_arguments)]
+    async fn claim(
+        &self,
+        member: crate::pools::Member,
+        owner: &KeyRow,
+        request: &NewSandboxRequest,
+        permit: CreatePermit,
+        startup: Option<&crate::startup::Startup>,
+        started: Instant,
+        request_id: &str,
+    ) -> Claim {
+        let crate::pools::Member {
+            id,
+            mut launch,
+            mut instance,
+            spec: member_spec,
+            ..
+        } = member;
+        let spec = request.spec.clone();
+        let unusable = |why: String| {
+            tracing::warn!("warm pool member {id} cannot be claimed: {why}");
+        };
+        if futures_util::FutureExt::now_or_never(&mut instance.ended).is_some() {
+            unusable("it ended".into());
+            launch.abandon().await;
+            return Claim::Unusable(permit);
+        }
+        let limits = (spec.limits.memory_bytes, spec.limits.cpu_millis);
+        if limits
+            != (
+                member_spec.limits.memory_bytes,
+                member_spec.limits.cpu_millis,
+            )
+        {
+            let resized = match self.inner.tiers.get(spec.tier) {
+                Ok(backend) => backend
+                    .resize(&id, &instance.resources, limits.0, limits.1)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = resized {
+                unusable(e);
+                launch.abandon().await;
+                return Claim::Unusable(permit);
+            }
+        }
+        let access_token = self.inner.token_key.token_for(&id);
+        let now = now_ms();
+        let expires_at = now.saturating_add(spec.timeout_ms as i64);
+        let claimed = serde_json::to_string(&spec)
+            .map_err(|e| DaemonError::Internal(format!("cannot encode the spec: {e}")))
+            .and_then(|spec_json| {
+                self.with_store(|s| {
+                    s.claim_sandbox(&NewSandbox {
+                        id: id.clone(),
+                        tier: spec.tier.as_str().to_owned(),
+                        template: request.template_name.clone(),
+                        spec_json,
+                        metadata: request.metadata.clone(),
+                        owner_key_id: owner.id.clone(),
+                        access_token_hash: airlock_store::hash_secret(&access_token),
+                        created_at: now,
+                        expires_at,
+                        resources_json: None,
+                        layers: Vec::new(),
+                    })
+                })
+                .map_err(DaemonError::from)
+            })
+            .and_then(|()| {
+                self.with_store(|s| s.get_sandbox(&id))
+                    .map_err(DaemonError::from)
+            })
+            .and_then(|row| match row {
+                Some(row) => self.hand_deadline(&row, expires_at).map(|_| ()),
+                None => Err(not_found(&id)),
+            });
+        if let Err(e) = claimed {
+            unusable(e.to_string());
+            launch.abandon().await;
+            return Claim::Unusable(permit);
+        }
+        launch.claimed(permit, request_id);
+        self.inner.audit.record(
+            Stream::Runtime,
+            "pool.claimed",
+            Some(&id),
+            Some(request_id),
+            json!({"key_id": owner.id, "template": request.template_name}),
+        );
+        let tier = spec.tier.as_str().to_owned();
+        let handed = self
+            .hand_out(
+                &mut launch,
+                owner,
+                &request.template_name,
+                &tier,
+                spec,
+                instance,
+                started,
+                startup,
+            )
+            .await;
+        Claim::HandedOut(launch.settle(handed, access_token).await)
+    }
+
     /// The part of a create from the backend's launch on (see
     /// [`Daemon::create`], which runs it as a task of its own).
     async fn launch(&self, id: String, launching: Launching) -> Result<Created, DaemonError> {
@@ -323,12 +491,7 @@ impl Daemon {
                 let _ = self.transition(&id, State::Creating, Action::Failed);
                 self.forget_creating(&id);
                 self.record_create_failed(&id, request_id, &e.to_string());
-                return Err(match e {
-                    CreateError::BadInput(message) => DaemonError::BadInput(message),
-                    CreateError::Failed(message) => {
-                        DaemonError::Internal(format!("creating {id} failed: {message}"))
-                    }
-                });
+                return Err(create_error(&id, e));
             }
         };
         // From here on the sandbox runs: whatever fails before it is handed
@@ -360,14 +523,7 @@ impl Daemon {
                 launch.abandon().await;
                 Err(DaemonError::NotRunning(id))
             }
-            Ok(row) => {
-                launch.commit();
-                Ok(Created { row, access_token })
-            }
-            Err(e) => {
-                launch.abandon().await;
-                Err(e)
-            }
+            handed => launch.settle(handed, access_token).await,
         }
     }
 
@@ -504,7 +660,7 @@ impl Daemon {
 
     /// Takes `id` off the set of sandboxes being created.
     /// Counts a death by `create_failed` and audits it with `error`.
-    fn record_create_failed(&self, id: &str, request_id: &str, error: &str) {
+    pub(crate) fn record_create_failed(&self, id: &str, request_id: &str, error: &str) {
         self.inner
             .metrics
             .deaths
@@ -521,7 +677,7 @@ impl Daemon {
         );
     }
 
-    fn forget_creating(&self, id: &str) {
+    pub(crate) fn forget_creating(&self, id: &str) {
         self.inner
             .creating
             .lock()
@@ -793,6 +949,7 @@ impl Daemon {
     /// The record of `id` if `key` may see it (its owner, or an admin).
     pub fn get(&self, key: &KeyRow, id: &str) -> Result<SandboxRow, DaemonError> {
         match self.with_store(|s| s.get_sandbox(id))? {
+            Some(row) if row.owner_key_id == airlock_store::POOL_KEY_ID => Err(not_found(id)),
             Some(row) if key.is_admin || row.owner_key_id == key.id => Ok(row),
             _ => Err(not_found(id)),
         }
@@ -1009,7 +1166,10 @@ impl Daemon {
         key: &KeyRow,
         mut query: ListQuery,
     ) -> Result<Page<SandboxRow>, DaemonError> {
-        if !key.is_admin {
+        if key.is_admin {
+            // Warm pool members are nobody's until claimed.
+            query.except_owner_key_id = Some(airlock_store::POOL_KEY_ID.to_owned());
+        } else {
             query.owner_key_id = Some(key.id.clone());
         }
         Ok(self.with_store(|s| s.list_sandboxes(&query))?)
@@ -1243,15 +1403,25 @@ struct Unwind {
     reason: DeadReason,
     /// The live entry, once registered (it then holds the lease).
     live: Option<Arc<LiveSandbox>>,
-    /// The admission permit, until the sandbox is registered.
-    permit: Option<CreatePermit>,
+    /// The admission permit (a warm pool member's: the lease it became),
+    /// until the sandbox is registered.
+    held: Option<Held>,
+}
+
+/// What a sandbox being created counts against admission with.
+enum Held {
+    /// A create's: its create slot and reserved live slot.
+    Permit(CreatePermit),
+    /// A warm pool member's, started and waiting for a claim: a live slot
+    /// of the pools' key.
+    Lease(LiveLease),
 }
 
 impl Unwind {
     async fn run(mut self) {
         self.daemon.unwind_create(&self).await;
         // Only now is the slot free again: the sandbox is gone.
-        drop(self.permit.take());
+        drop(self.held.take());
     }
 }
 
@@ -1260,10 +1430,10 @@ impl Unwind {
 /// admission permit (or the lease it became) is given back only after
 /// the teardown: by [`Launch::abandon`] on an error, or by a task when the
 /// guard is dropped (the create's future was cancelled).
-struct Launch(Option<Unwind>);
+pub(crate) struct Launch(Option<Unwind>);
 
 impl Launch {
-    fn new(
+    pub(crate) fn new(
         daemon: &Daemon,
         id: &str,
         resources: &Resources,
@@ -1277,8 +1447,28 @@ impl Launch {
             request_id: request_id.to_owned(),
             reason: DeadReason::CreateFailed,
             live: None,
-            permit: Some(permit),
+            held: Some(Held::Permit(permit)),
         }))
+    }
+
+    /// A warm pool member waits for its claim: its create slot is given
+    /// back, its live slot kept.
+    pub(crate) fn wait_for_claim(&mut self) {
+        if let Some(unwind) = self.0.as_mut() {
+            if let Some(Held::Permit(permit)) = unwind.held.take() {
+                unwind.held = Some(Held::Lease(permit.succeeded()));
+            }
+        }
+    }
+
+    /// A create claimed this warm pool member: from now on it counts
+    /// against the claimer's `permit`, and its teardown is recorded under
+    /// `request_id`.
+    fn claimed(&mut self, permit: CreatePermit, request_id: &str) {
+        if let Some(unwind) = self.0.as_mut() {
+            unwind.held = Some(Held::Permit(permit));
+            unwind.request_id = request_id.to_owned();
+        }
     }
 
     fn id(&self) -> &str {
@@ -1295,8 +1485,13 @@ impl Launch {
         let Some(unwind) = self.0.as_mut() else {
             return;
         };
-        if let Some(permit) = unwind.permit.take() {
-            *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(permit.succeeded());
+        let lease = match unwind.held.take() {
+            Some(Held::Permit(permit)) => Some(permit.succeeded()),
+            Some(Held::Lease(lease)) => Some(lease),
+            None => None,
+        };
+        if let Some(lease) = lease {
+            *sandbox.lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
         }
         unwind.daemon.register_live(sandbox);
         unwind.live = Some(Arc::clone(sandbox));
@@ -1314,8 +1509,27 @@ impl Launch {
         self.0 = None;
     }
 
+    /// Ends a create by how handing the sandbox out went: committed with
+    /// its record, or torn down.
+    async fn settle(
+        self,
+        handed: Result<SandboxRow, DaemonError>,
+        access_token: String,
+    ) -> Result<Created, DaemonError> {
+        match handed {
+            Ok(row) => {
+                self.commit();
+                Ok(Created { row, access_token })
+            }
+            Err(e) => {
+                self.abandon().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Tears the sandbox down now and waits for it.
-    async fn abandon(mut self) {
+    pub(crate) async fn abandon(mut self) {
         if let Some(unwind) = self.0.take() {
             unwind.run().await;
         }
@@ -1335,6 +1549,16 @@ impl Drop for Launch {
                 "{} was left running by a create cancelled outside the runtime",
                 unwind.id
             ),
+        }
+    }
+}
+
+/// A tier's refusal to start sandbox `id`, as the daemon's.
+pub(crate) fn create_error(id: &str, e: CreateError) -> DaemonError {
+    match e {
+        CreateError::BadInput(message) => DaemonError::BadInput(message),
+        CreateError::Failed(message) => {
+            DaemonError::Internal(format!("creating {id} failed: {message}"))
         }
     }
 }

@@ -238,35 +238,54 @@ impl SandboxCgroup {
     }
 
     fn apply(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
-        let quota = u64::from(limits.cpu_millis) * CFS_PERIOD_US / 1000;
+        self.resize(limits.memory_bytes, limits.cpu_millis)?;
         match &self.layout {
-            CgroupLayout::V1 {
-                memory, cpu, pids, ..
-            } => {
+            CgroupLayout::V1 { pids, .. } => {
+                let pids_dir = pids.join(PARENT).join(&self.name);
+                write(&pids_dir.join("pids.max"), &limits.pids.to_string())
+            }
+            CgroupLayout::V2 { root } => {
+                let dir = root.join(PARENT).join(&self.name);
+                write(&dir.join("pids.max"), &limits.pids.to_string())
+            }
+        }
+    }
+
+    /// Sets the memory and CPU limits (the memory limit may go below what
+    /// the cgroup's tasks use: the kernel reclaims, or OOM-kills).
+    pub fn resize(&self, memory_bytes: u64, cpu_millis: u32) -> Result<(), CgroupError> {
+        let quota = u64::from(cpu_millis) * CFS_PERIOD_US / 1000;
+        let value = memory_bytes.to_string();
+        match &self.layout {
+            CgroupLayout::V1 { memory, cpu, .. } => {
                 let memory = memory.join(PARENT).join(&self.name);
-                write(
-                    &memory.join("memory.limit_in_bytes"),
-                    &limits.memory_bytes.to_string(),
-                )?;
+                let limit = memory.join("memory.limit_in_bytes");
                 let memsw = memory.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write(&memsw, &limits.memory_bytes.to_string())?;
+                // memsw may never be below the memory limit: a raise moves
+                // it first, a cut moves it last.
+                let raising = fs::read_to_string(&limit)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<u64>().ok())
+                    .is_some_and(|now| memory_bytes > now);
+                if raising && memsw.exists() {
+                    write(&memsw, &value)?;
+                }
+                write(&limit, &value)?;
+                if !raising && memsw.exists() {
+                    write(&memsw, &value)?;
                 }
                 let cpu = cpu.join(PARENT).join(&self.name);
                 write(&cpu.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
-                let pids = pids.join(PARENT).join(&self.name);
-                write(&pids.join("pids.max"), &limits.pids.to_string())?;
             }
             CgroupLayout::V2 { root } => {
                 let dir = root.join(PARENT).join(&self.name);
-                write(&dir.join("memory.max"), &limits.memory_bytes.to_string())?;
+                write(&dir.join("memory.max"), &value)?;
                 let swap = dir.join("memory.swap.max");
                 if swap.exists() {
                     write(&swap, "0")?;
                 }
                 write(&dir.join("cpu.max"), &format!("{quota} {CFS_PERIOD_US}"))?;
-                write(&dir.join("pids.max"), &limits.pids.to_string())?;
             }
         }
         Ok(())

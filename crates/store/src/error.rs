@@ -16,6 +16,8 @@ pub enum Entity {
     Layer,
     /// A row of `snapshots`.
     Snapshot,
+    /// A row of `pools`.
+    Pool,
 }
 
 impl fmt::Display for Entity {
@@ -26,6 +28,7 @@ impl fmt::Display for Entity {
             Entity::Template => "template",
             Entity::Layer => "layer",
             Entity::Snapshot => "snapshot",
+            Entity::Pool => "pool",
         })
     }
 }

@@ -99,12 +99,14 @@ impl Store {
             .optional()?)
     }
 
-    /// Every key, revoked ones included, oldest first.
+    /// Every key, revoked ones included, oldest first (not the warm pools'
+    /// own, [`crate::POOL_KEY_ID`]).
     pub fn list_keys(&self) -> Result<Vec<KeyRow>, StoreError> {
         Ok(self
             .conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM api_keys ORDER BY created_at, id"
+                "SELECT {COLUMNS} FROM api_keys WHERE id != '{}' ORDER BY created_at, id",
+                crate::POOL_KEY_ID
             ))?
             .query_map([], key_from_row)?
             .collect::<rusqlite::Result<Vec<_>>>()?)
@@ -129,12 +131,13 @@ impl Store {
         Ok(())
     }
 
-    /// How many keys exist, revoked ones included (so "no keys yet", the
+    /// How many keys exist, revoked ones included, the warm pools' own not
+    /// (so "no keys yet", the
     /// daemon's cue to create the first admin key, is `0`).
     pub fn count_keys(&self) -> Result<u64, StoreError> {
         Ok(self
             .conn
-            .prepare_cached("SELECT count(*) FROM api_keys")?
-            .query_row([], |row| row.get(0))?)
+            .prepare_cached("SELECT count(*) FROM api_keys WHERE id != ?1")?
+            .query_row([crate::POOL_KEY_ID], |row| row.get(0))?)
     }
 }

@@ -36,6 +36,7 @@ mod builds;
 mod error;
 mod events;
 mod keys;
+mod pools;
 mod sandboxes;
 mod schema;
 mod secret;
@@ -51,6 +52,7 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use builds::CachedStep;
 pub use error::{Entity, StoreError};
+pub use pools::{PoolRow, POOL_KEY_ID};
 pub use secret::{
     hash_secret, is_key_secret, new_sandbox_id, new_secret, KEY_SECRET_PREFIX,
     LEGACY_KEY_SECRET_PREFIX,

@@ -189,6 +189,53 @@ impl Store {
         )
     }
 
+    /// Hands warm pool member `id` (being created, owned by
+    /// [`crate::POOL_KEY_ID`]) to the create that claimed it: its owner,
+    /// template name, spec, metadata, access token and times become the
+    /// claim's. `NotFound` unless it is such a member.
+    pub fn claim_sandbox(&self, claim: &NewSandbox) -> Result<(), StoreError> {
+        check_json("spec_json", &claim.spec_json, true)?;
+        let metadata =
+            serde_json::to_string(&claim.metadata).map_err(|_| StoreError::InvalidJson {
+                field: "metadata_json",
+                expected: "a JSON object",
+            })?;
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE sandboxes SET owner_key_id = ?2, template = ?3, spec_json = ?4, \
+                 metadata_json = ?5, access_token_hash = ?6, created_at = ?7, updated_at = ?7, \
+                 expires_at = ?8 \
+                 WHERE id = ?1 AND owner_key_id = ?9 AND state = 'creating'",
+            )?
+            .execute(params![
+                claim.id,
+                claim.owner_key_id,
+                claim.template,
+                claim.spec_json,
+                metadata,
+                claim.access_token_hash.as_slice(),
+                claim.created_at,
+                claim.expires_at,
+                crate::POOL_KEY_ID,
+            ])
+            .map_err(|e| match e {
+                rusqlite::Error::SqliteFailure(f, _)
+                    if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+                {
+                    StoreError::UnknownOwner(claim.owner_key_id.clone())
+                }
+                other => other.into(),
+            })?;
+        if changed == 0 {
+            return Err(StoreError::NotFound {
+                kind: Entity::Sandbox,
+                id: claim.id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Records (or with `None` clears) what teardown must release, as JSON.
     /// Call this before creating the resources it names.
     pub fn set_resources(&self, id: &str, json: Option<&str>) -> Result<(), StoreError> {
@@ -245,6 +292,10 @@ impl Store {
         }
         if let Some(owner) = &query.owner_key_id {
             sql.push_str(" AND owner_key_id = ?");
+            args.push(Value::Text(owner.clone()));
+        }
+        if let Some(owner) = &query.except_owner_key_id {
+            sql.push_str(" AND owner_key_id != ?");
             args.push(Value::Text(owner.clone()));
         }
         // json_each rather than json_extract: keys are matched as data, so a

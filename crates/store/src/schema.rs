@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -191,6 +191,27 @@ CREATE TABLE snapshot_layers (
 ) STRICT;
 
 CREATE INDEX snapshot_layers_by_layer ON snapshot_layers (diff_id);
+"#;
+
+/// Version 7: warm pools, and the key their members belong to until a
+/// create claims one. The key's hash is random bytes: no secret is ever
+/// given out for it, so nobody signs in as it.
+const V7: &str = r#"
+CREATE TABLE pools (
+    name        TEXT    PRIMARY KEY NOT NULL CHECK (length(name) BETWEEN 1 AND 64),
+    template    TEXT    NOT NULL CHECK (length(template) BETWEEN 1 AND 256),
+    -- NULL: the template's tier.
+    tier        TEXT    CHECK (tier IS NULL OR length(tier) BETWEEN 1 AND 32),
+    -- Whether members have an egress path (for creates with network).
+    networked   INTEGER NOT NULL CHECK (networked IN (0, 1)),
+    min_ready   INTEGER NOT NULL CHECK (min_ready >= 0),
+    max         INTEGER NOT NULL CHECK (max >= 1 AND max >= min_ready),
+    refill      INTEGER NOT NULL CHECK (refill >= 1),
+    updated_at  INTEGER NOT NULL
+) STRICT;
+
+INSERT INTO api_keys (id, name, hash, is_admin, created_at)
+VALUES ('key-pool', 'warm pool members (internal)', randomblob(32), 0, 0);
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

@@ -181,6 +181,9 @@ pub struct ListQuery {
     pub metadata: BTreeMap<String, String>,
     /// Only sandboxes created by this API key.
     pub owner_key_id: Option<String>,
+    /// None owned by this API key (an admin's listing leaves out the warm
+    /// pools' members).
+    pub except_owner_key_id: Option<String>,
     /// Page size, 1..=1000; `None` means [`ListQuery::DEFAULT_LIMIT`].
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page; `None` starts at the oldest.

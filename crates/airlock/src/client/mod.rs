@@ -1,6 +1,6 @@
 //! The CLI commands that drive a running daemon (`airlock serve`) through its
 //! native API (`docs/api.md`): `create`, `ls`, `status`, `exec`, `cp`,
-//! `files`, `kill`, `pause`, `resume`, `snapshot`, `fork`, `logs`, `network`,
+//! `files`, `kill`, `pause`, `resume`, `snapshot`, `fork`, `pool`, `logs`, `network`,
 //! `template` and `gc`.
 //!
 //! Layout:
@@ -16,6 +16,7 @@
 //! - `files.rs`: `cp` and `files`.
 //! - `templates.rs`: `template import|ls|inspect|rm` and `gc`.
 //! - `snapshots.rs`: `snapshot create|ls|show|rm` and `fork`.
+//! - `pools.rs`: `pool set|ls|show|rm`.
 //! - `format.rs`: pure helpers: tables, ages, sizes, RFC 3339 times, `K=V`.
 //!
 //! Everything is synchronous: one connection at a time, plus a thread each
@@ -29,6 +30,7 @@ mod exec;
 mod files;
 mod format;
 mod http;
+mod pools;
 mod sandboxes;
 mod snapshots;
 pub(crate) mod templates;
@@ -72,6 +74,9 @@ pub enum ClientCommand {
     /// Start copies of a sandbox on its files, copy-on-write; print their
     /// ids.
     Fork(snapshots::ForkArgs),
+    /// Keep sandboxes of a template started ahead (warm pools, admin).
+    #[command(subcommand)]
+    Pool(pools::PoolCommand),
     /// Show a sandbox's audit events.
     Logs(sandboxes::LogsArgs),
     /// Show a sandbox's network policy, or replace it while it runs
@@ -85,6 +90,37 @@ pub enum ClientCommand {
     Gc(templates::GcArgs),
     /// List the isolation tiers, available or not and why not.
     Tiers(sandboxes::TiersArgs),
+}
+
+/// Deletes what each of `names` names (at `path(name)`), printing each
+/// name deleted to `out` and each refusal to stderr; fails at once when
+/// the daemon cannot be reached (the same for every name), and exits
+/// [`EXIT_FAILED`] when any was refused.
+fn delete_each(
+    api: &http::Api,
+    names: &[String],
+    path: impl Fn(&str) -> String,
+    out: &mut dyn std::io::Write,
+) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    for name in names {
+        match api.delete(&path(name), &[]) {
+            Ok(()) => {
+                writeln!(out, "{name}")?;
+                out.flush()?;
+            }
+            Err(error @ ClientError::Unreachable { .. }) => return Err(error.into()),
+            Err(error) => {
+                eprintln!("airlock: error: {name}: {error}");
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(EXIT_FAILED)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Runs one client command; the exit code to leave with.
@@ -101,6 +137,7 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Resume(args) => sandboxes::resume(&args),
         ClientCommand::Snapshot(command) => snapshots::main(&command),
         ClientCommand::Fork(args) => snapshots::fork(&args),
+        ClientCommand::Pool(command) => pools::main(&command),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
         ClientCommand::Network(args) => sandboxes::network(&args),
         ClientCommand::Template(command) => templates::main(&command),

@@ -11,7 +11,7 @@ use super::format::{
     cell, format_age, format_size, format_utc, now_millis, pairs, parse_cpus_arg, parse_kv,
     parse_size_arg, parse_timeout_secs, percent_encode, relative, time_field, Table,
 };
-use super::http::{sandbox_path, ClientError, Connection};
+use super::http::{sandbox_path, Connection};
 use crate::net_args::NetArgs;
 
 /// Options of `airlock create`. Unset options take the daemon's defaults.
@@ -481,26 +481,7 @@ pub fn kill(args: &KillArgs) -> Result<ExitCode> {
 
 fn kill_to(args: &KillArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let api = args.conn.api()?;
-    let mut failed = false;
-    for id in &args.ids {
-        match api.delete(&sandbox_path(id, ""), &[]) {
-            Ok(()) => {
-                writeln!(out, "{id}")?;
-                out.flush()?;
-            }
-            // The same for every id: say it once.
-            Err(error @ ClientError::Unreachable { .. }) => return Err(error.into()),
-            Err(error) => {
-                eprintln!("airlock: error: {id}: {error}");
-                failed = true;
-            }
-        }
-    }
-    Ok(if failed {
-        ExitCode::from(super::EXIT_FAILED)
-    } else {
-        ExitCode::SUCCESS
-    })
+    super::delete_each(&api, &args.ids, |id| sandbox_path(id, ""), out)
 }
 
 /// `airlock logs ID`: every event, following the pages.

@@ -227,21 +227,12 @@ fn show(args: &ShowArgs) -> Result<ExitCode> {
 
 fn rm(args: &RmArgs) -> Result<ExitCode> {
     let api = args.conn.api()?;
-    let mut failed = false;
-    for id in &args.ids {
-        match api.delete(&snapshot_path(id), &[]) {
-            Ok(()) => println!("{id}"),
-            Err(e) => {
-                eprintln!("airlock: error: {id}: {e}");
-                failed = true;
-            }
-        }
-    }
-    Ok(if failed {
-        ExitCode::from(super::EXIT_FAILED)
-    } else {
-        ExitCode::SUCCESS
-    })
+    super::delete_each(
+        &api,
+        &args.ids,
+        snapshot_path,
+        &mut std::io::stdout().lock(),
+    )
 }
 
 /// `airlock fork ID [-n N]`: the children's ids, one a line (errors on

@@ -407,6 +407,13 @@ impl TestDaemon {
         assert_eq!(started.status, 201, "{id}: {}", started.text());
     }
 
+    /// Runs `script` in `id`, which must succeed; its output.
+    pub fn sh_ok(&self, id: &str, script: &str) -> String {
+        let (out, code) = self.sh_out(id, script);
+        assert_eq!(code, 0, "{id}: {script}: {out}");
+        out
+    }
+
     /// Deletes every sandbox that is not dead.
     pub fn delete_all(&self) {
         let answer = self.call("GET", "/v1/sandboxes?limit=1000", None);
@@ -436,6 +443,14 @@ impl TestDaemon {
         }
         check()
     }
+}
+
+/// The `id` of a sandbox (or snapshot) view.
+pub fn id_of(value: &Value) -> String {
+    value["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no id in {value}"))
+        .to_owned()
 }
 
 /// A request with `key` and an optional JSON body to the daemon at `url`,

@@ -943,6 +943,26 @@ impl Backend for ProcessBackend {
         }
     }
 
+    /// Rewrites the sandbox cgroup's memory and CPU limits: every process
+    /// of the sandbox (an OCI runtime's container, gVisor's sentry) is in
+    /// it.
+    async fn resize(
+        &self,
+        id: &str,
+        _resources: &Resources,
+        memory_bytes: u64,
+        cpu_millis: u32,
+    ) -> Result<(), StateError> {
+        let cgroup = self.cgroup_of(id)?;
+        cgroup
+            .resize(memory_bytes, cpu_millis)
+            .map_err(|e| StateError::Failed {
+                id: id.to_owned(),
+                what: "changing limits",
+                reason: crate::error_chain(&e),
+            })
+    }
+
     async fn resume(&self, id: &str, _resources: &Resources) -> Result<(), StateError> {
         let cgroup = self.cgroup_of(id)?;
         cgroup.thaw().map_err(|e| StateError::Failed {

@@ -585,6 +585,7 @@ pub fn list_plan(params: &ListParams) -> Result<ListPlan, E2bError> {
             states: Some(states),
             metadata,
             owner_key_id: None,
+            except_owner_key_id: None,
             limit: Some(limit),
             cursor: params.next_token.clone().filter(|t| !t.is_empty()),
         },
