@@ -102,6 +102,14 @@ pub struct ServeArgs {
     /// `{"name", "template", "tier"?, "networked"?, "min_ready", "max"?, "refill"?}`.
     #[arg(long, value_name = "FILE")]
     pools: Option<PathBuf>,
+    /// Where sandboxes' `/mnt/user-data/outputs` are copied: `file:///dir`
+    /// or `s3://bucket/prefix` (credentials and endpoint from the AWS_*
+    /// environment); default `<data-dir>/outputs`.
+    #[arg(long, value_name = "URL")]
+    outputs_store: Option<String>,
+    /// Most bytes one collection of outputs copies (e.g. 1G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    outputs_max_bytes: u64,
     /// Largest image `airlock template import` may send, or a pull may
     /// fetch (its compressed layers), e.g. 16G.
     #[arg(long, default_value = "16G", value_parser = parse_size)]
@@ -365,6 +373,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.default_timeout = args.default_timeout;
     config.paused_ttl = args.paused_ttl;
     config.snapshot_zstd_level = args.snapshot_zstd_level;
+    config.outputs_store = args.outputs_store.clone();
+    config.outputs_max_bytes = args.outputs_max_bytes;
     config.snapshot_quota = airlock_store::SnapshotQuota {
         count: args.max_snapshots_per_key,
         bytes: args.max_snapshot_bytes_per_key,

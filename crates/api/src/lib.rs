@@ -167,6 +167,7 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
         .routes(routes!(native::resume_sandbox))
         .routes(routes!(snapshots::create_snapshot))
         .routes(routes!(snapshots::fork_sandbox))
+        .routes(routes!(snapshots::collect_outputs))
         .routes(routes!(snapshots::list_snapshots))
         .routes(routes!(snapshots::get_snapshot, snapshots::delete_snapshot))
         .routes(routes!(pools::list_pools))

@@ -290,3 +290,59 @@ pub async fn fork_sandbox(
         .collect();
     Ok((StatusCode::CREATED, Json(ForkList { items })).into_response())
 }
+
+/// A file an outputs collection copied.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CollectedFileView {
+    /// Its path under `/mnt/user-data/outputs`.
+    pub path: String,
+    pub bytes: u64,
+    /// `sha256:` and 64 hex digits.
+    pub sha256: String,
+}
+
+/// What an outputs collection copied, and where.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CollectedView {
+    /// The store's URL and the sandbox's prefix in it.
+    pub location: String,
+    pub files: Vec<CollectedFileView>,
+    pub bytes: u64,
+    /// Symlinks, special files and files past the bounds, not copied.
+    pub left_out: u64,
+}
+
+/// Copies the sandbox's `/mnt/user-data/outputs` to the daemon's object
+/// store now (each regular file at `<sandbox id>/<path>`, replacing what
+/// an earlier collection put there).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/outputs", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "What was copied", body = CollectedView),
+        (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 409, description = "Not running", body = ErrorBody),
+        (status = 502, description = "The object store failed", body = ErrorBody),
+    ))]
+pub async fn collect_outputs(
+    State(api): State<Api>,
+    Extension(caller): Extension<Caller>,
+    Extension(request_id): Extension<RequestId>,
+    Path(id): Path<String>,
+) -> Result<Json<CollectedView>> {
+    let key = caller.key()?;
+    let collected = api.daemon.collect_outputs(key, &id, &request_id.0).await?;
+    Ok(Json(CollectedView {
+        location: collected.location,
+        files: collected
+            .files
+            .into_iter()
+            .map(|f| CollectedFileView {
+                path: f.path,
+                bytes: f.bytes,
+                sha256: f.sha256,
+            })
+            .collect(),
+        bytes: collected.bytes,
+        left_out: collected.left_out,
+    }))
+}

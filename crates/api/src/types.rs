@@ -186,6 +186,9 @@ pub struct CreateSandbox {
     /// resumes it; only with `pause`).
     #[schema(value_type = Option<Object>)]
     pub lifecycle: Option<airlock_policy::Lifecycle>,
+    /// Copy `/mnt/user-data/outputs` to the daemon's object store when
+    /// the sandbox is torn down, whatever ends it (default: false).
+    pub collect_outputs: Option<bool>,
 }
 
 impl CreateSandbox {
@@ -249,6 +252,7 @@ impl CreateSandbox {
         if let Some(lifecycle) = self.lifecycle {
             spec.lifecycle = lifecycle;
         }
+        spec.collect_outputs = self.collect_outputs.unwrap_or(false);
         let timeout_s = self
             .timeout_s
             .unwrap_or(daemon.config().default_timeout.as_secs());

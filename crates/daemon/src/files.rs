@@ -5,7 +5,7 @@
 //! Uploads are written to a temporary name beside the target and renamed
 //! into place once complete, so a failed or oversized upload leaves no file.
 
-use crate::{closed, identity, unexpected, Daemon, DaemonError};
+use crate::{closed, identity, unexpected, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
 use airlock_protocol::{
     Event, Events, FileInfo, Request, MAX_LIST_DEPTH, MAX_LIST_PAGE, MAX_PAYLOAD_BYTES,
@@ -150,6 +150,18 @@ impl Daemon {
     ) -> Result<FileReader, DaemonError> {
         check_path(path)?;
         let sandbox = self.running(id)?;
+        self.read_file_of(&sandbox, path, request_id).await
+    }
+
+    /// [`Daemon::read_file`] of a sandbox in any state whose agent
+    /// answers (outputs are collected from one being stopped).
+    pub(crate) async fn read_file_of(
+        &self,
+        sandbox: &LiveSandbox,
+        path: &str,
+        request_id: &str,
+    ) -> Result<FileReader, DaemonError> {
+        let id = sandbox.id.as_str();
         let mut events = sandbox
             .agent()
             .request(Request::ReadFile {
@@ -486,63 +498,11 @@ impl Daemon {
     ) -> Result<Vec<FileInfo>, DaemonError> {
         check_path(path)?;
         check_depth(depth)?;
-        let too_large = || {
-            DaemonError::TooLarge(format!(
-                "{path} holds more than {LIST_ALL_MAX_ENTRIES} entries (or \
-                 {} MiB of names) to depth {depth}; list a deeper path or with \
-                 a smaller depth",
-                LIST_ALL_MAX_BYTES >> 20
-            ))
-        };
         let sandbox = self.running(id)?;
         if sandbox.agent().version() < LISTING_PROTOCOL {
             return self.list_dir_sorted(id, path, depth).await;
         }
-        let mut events = sandbox
-            .agent()
-            .request(Request::ListDirStream {
-                path: path.to_owned(),
-                depth,
-                limit: LIST_ALL_MAX_ENTRIES,
-            })
-            .await
-            .map_err(closed(id))?;
-        let mut entries: Vec<FileInfo> = Vec::new();
-        let mut bytes = 0usize;
-        loop {
-            let frame = events
-                .next()
-                .await
-                .map_err(closed(id))?
-                .ok_or_else(|| DaemonError::NotRunning(id.to_owned()))?;
-            match frame.msg {
-                Event::EntriesChunk { entries: chunk } => {
-                    for entry in chunk {
-                        bytes += entry.path.len()
-                            + entry.name.len()
-                            + entry.symlink_target.as_ref().map_or(0, String::len);
-                        if bytes > LIST_ALL_MAX_BYTES
-                            || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES
-                        {
-                            return Err(too_large());
-                        }
-                        entries.push(entry);
-                    }
-                }
-                Event::EntriesEnd { truncated, .. } => {
-                    if truncated {
-                        return Err(too_large());
-                    }
-                    break;
-                }
-                Event::Error { kind, message } => {
-                    return Err(DaemonError::from_agent(kind, message))
-                }
-                other => return Err(unexpected(&other)),
-            }
-        }
-        entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-        Ok(entries)
+        list_all_of(&sandbox, path, depth).await
     }
 
     /// Creates a directory (and its parents with `parents`).
@@ -886,4 +846,65 @@ impl Daemon {
             None => Err(DaemonError::NotFound(format!("no watcher {watcher_id}"))),
         }
     }
+}
+
+/// Every entry under `path`, `depth` levels down, sorted by path, from
+/// the agent of `sandbox` (of protocol [`LISTING_PROTOCOL`] or later) in
+/// one walk, whatever the sandbox's state: at most
+/// [`LIST_ALL_MAX_ENTRIES`] entries and [`LIST_ALL_MAX_BYTES`] of names.
+pub(crate) async fn list_all_of(
+    sandbox: &LiveSandbox,
+    path: &str,
+    depth: u32,
+) -> Result<Vec<FileInfo>, DaemonError> {
+    let id = sandbox.id.as_str();
+    let too_large = || {
+        DaemonError::TooLarge(format!(
+            "{path} holds more than {LIST_ALL_MAX_ENTRIES} entries (or \
+             {} MiB of names) to depth {depth}; list a deeper path or with \
+             a smaller depth",
+            LIST_ALL_MAX_BYTES >> 20
+        ))
+    };
+    let mut events = sandbox
+        .agent()
+        .request(Request::ListDirStream {
+            path: path.to_owned(),
+            depth,
+            limit: LIST_ALL_MAX_ENTRIES,
+        })
+        .await
+        .map_err(closed(id))?;
+    let mut entries: Vec<FileInfo> = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        let frame = events
+            .next()
+            .await
+            .map_err(closed(id))?
+            .ok_or_else(|| DaemonError::NotRunning(id.to_owned()))?;
+        match frame.msg {
+            Event::EntriesChunk { entries: chunk } => {
+                for entry in chunk {
+                    bytes += entry.path.len()
+                        + entry.name.len()
+                        + entry.symlink_target.as_ref().map_or(0, String::len);
+                    if bytes > LIST_ALL_MAX_BYTES || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES {
+                        return Err(too_large());
+                    }
+                    entries.push(entry);
+                }
+            }
+            Event::EntriesEnd { truncated, .. } => {
+                if truncated {
+                    return Err(too_large());
+                }
+                break;
+            }
+            Event::Error { kind, message } => return Err(DaemonError::from_agent(kind, message)),
+            other => return Err(unexpected(&other)),
+        }
+    }
+    entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    Ok(entries)
 }

@@ -22,6 +22,7 @@ pub mod exec;
 pub mod files;
 pub mod interpreter;
 pub mod metrics;
+pub mod outputs;
 pub mod pools;
 pub mod processes;
 pub mod reconcile;
@@ -115,6 +116,11 @@ pub struct Config {
     pub snapshot_zstd_level: i32,
     /// How many snapshots, of how many bytes, one API key may keep.
     pub snapshot_quota: airlock_store::SnapshotQuota,
+    /// Where sandboxes' outputs are copied (`file:///dir` or
+    /// `s3://bucket/prefix`); `None`: `<data_dir>/outputs`.
+    pub outputs_store: Option<String>,
+    /// Most bytes one collection of outputs copies.
+    pub outputs_max_bytes: u64,
 }
 
 /// What one API key may keep in snapshots unless the operator says
@@ -181,6 +187,8 @@ impl Config {
             build_cache_ttl: Duration::from_secs(7 * 24 * 3600),
             snapshot_zstd_level: airlock_layers::keep::DEFAULT_LEVEL,
             snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
+            outputs_store: None,
+            outputs_max_bytes: 1 << 30,
         }
     }
 }
@@ -385,6 +393,8 @@ pub(crate) struct Inner {
     building: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Warm pools and their ready members.
     pools: pools::Pools,
+    /// Where outputs are copied.
+    outputs: Option<outputs::OutputStore>,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -466,6 +476,8 @@ pub enum StartError {
     Audit(PathBuf, #[source] std::io::Error),
     #[error("cannot set up the sandbox token key in {0}")]
     TokenKey(PathBuf, #[source] tokens::TokenKeyError),
+    #[error("{0}")]
+    Outputs(#[from] outputs::OutputStoreError),
 }
 
 impl Daemon {
@@ -494,6 +506,11 @@ impl Daemon {
             .map_err(|e| StartError::Audit(audit_dir, e))?;
         let metrics = Metrics::new();
         let egress = egress_path(&config, &audit, &metrics).map_err(StartError::Egress)?;
+        let outputs_url = match &config.outputs_store {
+            Some(url) => url.clone(),
+            None => format!("file://{}", config.data_dir.join("outputs").display()),
+        };
+        let outputs = Some(outputs::OutputStore::open(&outputs_url)?);
         Ok(Daemon {
             inner: Arc::new(Inner {
                 config,
@@ -510,6 +527,7 @@ impl Daemon {
                 layers_lock: tokio::sync::RwLock::new(()),
                 building: std::sync::Mutex::default(),
                 pools: pools::Pools::default(),
+                outputs,
             }),
         })
     }

@@ -852,8 +852,42 @@ impl Daemon {
         reason: DeadReason,
         request_id: Option<&str>,
     ) {
+        if sandbox.spec.collect_outputs {
+            self.collect_at_teardown(sandbox, reason, request_id).await;
+        }
         self.release(sandbox, State::Stopping(reason), reason, request_id)
             .await;
+    }
+
+    /// Copies a stopping sandbox's outputs (see [`crate::outputs`]), thawed
+    /// first if it was paused, within [`crate::outputs::TEARDOWN_BOUND`].
+    async fn collect_at_teardown(
+        &self,
+        sandbox: &Arc<LiveSandbox>,
+        reason: DeadReason,
+        request_id: Option<&str>,
+    ) {
+        if let Ok(backend) = self.inner.tiers.of(&sandbox.resources) {
+            // Not paused: nothing to thaw, and the answer says so.
+            let _ = backend.resume(&sandbox.id, &sandbox.resources).await;
+        }
+        let request_id = request_id.unwrap_or("teardown");
+        let collecting = self.collect_outputs_of(sandbox, reason.as_str(), request_id);
+        if tokio::time::timeout(crate::outputs::TEARDOWN_BOUND, collecting)
+            .await
+            .is_err()
+        {
+            self.inner.audit.record(
+                Stream::Runtime,
+                "outputs.failed",
+                Some(&sandbox.id),
+                Some(request_id),
+                json!({"why": reason.as_str(), "error": format!(
+                    "not done within {} s of the teardown",
+                    crate::outputs::TEARDOWN_BOUND.as_secs()
+                )}),
+            );
+        }
     }
 
     /// Releases every host resource of a sandbox, then records it dead

@@ -59,6 +59,10 @@ pub struct SandboxSpec {
     pub security: Security,
     /// What its timeout does, and whether traffic wakes it when paused.
     pub lifecycle: Lifecycle,
+    /// Whether `/mnt/user-data/outputs` is copied to the daemon's object
+    /// store when the sandbox is torn down (for any reason).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub collect_outputs: bool,
 }
 
 /// What happens to a sandbox at its timeout.
@@ -97,6 +101,7 @@ impl Default for SandboxSpec {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             security: Security::default(),
             lifecycle: Lifecycle::default(),
+            collect_outputs: false,
         }
     }
 }
