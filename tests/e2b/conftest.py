@@ -102,6 +102,8 @@ def make_sandbox():
         created.append(sbx.sandbox_id)
         return sbx
 
+    # Sandboxes made another way (e.g. beta_create) are killed too.
+    make.created = created
     yield make
     for sandbox_id in created:
         try:

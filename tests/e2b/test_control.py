@@ -2,6 +2,7 @@
 set_timeout, kill, metrics, pause and resume, and its errors."""
 
 import datetime
+import inspect
 import time
 
 import pytest
@@ -210,3 +211,62 @@ def test_pause_and_connect_twice_in_a_row_keep_every_change(make_sandbox):
     assert sbx.files.read("/home/user/first") == "first"
     assert sbx.files.read("/home/user/second") == "second"
     assert sbx.commands.run("cat /tmp/log").stdout == "first\nsecond\n"
+
+
+def has_lifecycle():
+    return "lifecycle" in inspect.signature(Sandbox.create).parameters
+
+
+def pausing_at_timeout(make_sandbox, timeout, auto_resume=False):
+    """A sandbox its timeout pauses: `lifecycle` on newer SDKs,
+    `beta_create(auto_pause=True)` on older ones."""
+    if has_lifecycle():
+        lifecycle = {"on_timeout": "pause"}
+        if auto_resume:
+            lifecycle["auto_resume"] = True
+        return make_sandbox(timeout=timeout, lifecycle=lifecycle)
+    assert not auto_resume, "this SDK cannot ask for auto_resume"
+    sbx = Sandbox.beta_create(timeout=timeout, auto_pause=True)
+    make_sandbox.created.append(sbx.sandbox_id)
+    return sbx
+
+
+def wait_state(sandbox_id, state, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        info = Sandbox.get_info(sandbox_id)
+        if info.state == state:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"{sandbox_id} did not become {state}: {info.state}")
+
+
+def test_a_timeout_that_pauses_keeps_the_sandbox_and_connect_resumes_it(make_sandbox):
+    sbx = pausing_at_timeout(make_sandbox, timeout=3)
+    sbx.files.write("/home/user/kept", "kept")
+    sbx.commands.run("sleep 1000", background=True)
+    wait_state(sbx.sandbox_id, SandboxState.PAUSED)
+    paused, _ = list_all(SandboxQuery(state=[SandboxState.PAUSED]))
+    assert sbx.sandbox_id in [i.sandbox_id for i in paused]
+    resumed = Sandbox.connect(sbx.sandbox_id, timeout=60)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert resumed.files.read("/home/user/kept") == "kept"
+    # Its process slept through the pause.
+    assert resumed.commands.run("ps -eo args | grep -c '^sleep 1000'").stdout.strip() == "1"
+    # The resumed sandbox has the timeout connect gave it, not the 3 s.
+    time.sleep(4)
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+
+
+def test_auto_resume_wakes_a_sandbox_its_timeout_paused(make_sandbox):
+    if not has_lifecycle():
+        # Older SDKs have no way to ask for it: what they can ask for is
+        # the test above.
+        assert "auto_resume" not in inspect.signature(Sandbox.beta_create).parameters
+        return
+    sbx = pausing_at_timeout(make_sandbox, timeout=3, auto_resume=True)
+    sbx.files.write("/home/user/kept", "kept")
+    wait_state(sbx.sandbox_id, SandboxState.PAUSED)
+    # A call into it resumes it.
+    assert sbx.files.read("/home/user/kept") == "kept"
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
