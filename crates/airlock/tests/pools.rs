@@ -363,3 +363,69 @@ fn a_daemon_killed_with_9_comes_back_with_its_pools_refilled_and_no_old_member()
     );
     assert!(metrics.contains("airlock_leaked_resources 0"), "{metrics}");
 }
+
+#[test]
+fn a_daemon_stopped_while_members_start_or_go_leaves_none_running() {
+    let _serial = serial();
+    for tier in ["gvisor", "process"] {
+        let cleanup = SupervisorCleanup::default();
+        // Members being torn down: a pool of ready ones deleted just
+        // before the stop.
+        let mut daemon = TestDaemon::start(&[]);
+        set_pool(
+            &daemon,
+            "p",
+            json!({"template": "host", "tier": tier, "min_ready": 3, "refill": 3}),
+        );
+        wait_ready(&daemon, "p", 3);
+        for id in supervised(&daemon) {
+            cleanup.add(&id);
+        }
+        assert_eq!(daemon.call("DELETE", "/v1/pools/p", None).status, 204);
+        let owner = daemon.instance();
+        daemon.stop();
+        // Ids of the sandboxes the supervisors tagged `owner` still run
+        // (spare supervisors hold none: they end with their daemon), each
+        // handed to the cleanup.
+        let left = |owner: &str| {
+            let ids: Vec<String> = supervisors("")
+                .into_iter()
+                .filter_map(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+                .map(|c| String::from_utf8_lossy(&c).into_owned())
+                .filter(|text| text.contains(owner))
+                .filter_map(|text| {
+                    text.split('\0')
+                        .find(|a| {
+                            a.starts_with("sbx-")
+                                && std::path::Path::new(&format!(
+                                    "/sys/fs/cgroup/memory/airlock/{a}"
+                                ))
+                                .exists()
+                        })
+                        .map(str::to_owned)
+                })
+                .collect();
+            for id in &ids {
+                cleanup.add(id);
+            }
+            ids.len()
+        };
+        assert_eq!(left(&owner), 0, "{tier}: members left after a stop");
+        // Members being started: a pool set just before the stop.
+        let mut daemon = TestDaemon::start(&[]);
+        set_pool(
+            &daemon,
+            "p",
+            json!({"template": "host", "tier": tier, "min_ready": 3, "refill": 3}),
+        );
+        TestDaemon::wait_for(Duration::from_secs(10), || {
+            pool(&daemon, "p")["starting"].as_u64().unwrap_or(0) > 0
+        });
+        let owner = daemon.instance();
+        daemon.stop();
+        assert!(
+            TestDaemon::wait_for(Duration::from_secs(5), || left(&owner) == 0),
+            "{tier}: members being started were left after a stop"
+        );
+    }
+}

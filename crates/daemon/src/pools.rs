@@ -59,6 +59,8 @@ const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(2);
 pub const MAX_POOL_SIZE: u32 = 64;
 /// Most members one pool may start at once.
 pub const MAX_REFILL: u32 = 16;
+/// Longest a stopping daemon waits for members being started or torn down.
+const DRAIN_WAIT: Duration = Duration::from_secs(60);
 
 /// A pool as asked for (the API's and the config file's body).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -221,6 +223,28 @@ impl Pool {
 pub(crate) struct Pools {
     pools: Mutex<BTreeMap<String, Pool>>,
     wake: tokio::sync::Notify,
+    /// Set once the daemon stops: no member starts, and one that finishes
+    /// starting is torn down.
+    closing: std::sync::atomic::AtomicBool,
+    /// Members being started or torn down, which a stopping daemon waits
+    /// for (a member is never dropped to a task nobody waits for).
+    busy: tokio::sync::watch::Sender<usize>,
+}
+
+/// Counts one start or teardown in [`Pools::busy`] while it lives.
+struct Busy<'a>(&'a tokio::sync::watch::Sender<usize>);
+
+impl<'a> Busy<'a> {
+    fn new(busy: &'a tokio::sync::watch::Sender<usize>) -> Busy<'a> {
+        busy.send_modify(|n| *n += 1);
+        Busy(busy)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Pools {
@@ -286,6 +310,10 @@ impl Pools {
     fn drain(&self) -> Vec<Member> {
         let mut pools = self.lock();
         pools.values_mut().flat_map(|p| p.ready.drain(..)).collect()
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Every pool, by name.
@@ -441,7 +469,18 @@ impl Daemon {
     fn sync_pools(&self) -> Result<(), DaemonError> {
         let rows = self.with_store(|s| s.pools())?;
         let mut pools = self.inner.pools.lock();
-        pools.retain(|name, _| rows.iter().any(|r| &r.name == name));
+        let gone: Vec<String> = pools
+            .keys()
+            .filter(|name| !rows.iter().any(|r| &r.name == *name))
+            .cloned()
+            .collect();
+        let mut dropped = Vec::new();
+        for name in gone {
+            if let Some(mut pool) = pools.remove(&name) {
+                dropped.extend(pool.ready.drain(..));
+            }
+        }
+        self.tear_down_later(dropped);
         for row in rows {
             match pools.get_mut(&row.name) {
                 Some(pool) if pool.row == row => {}
@@ -460,8 +499,42 @@ impl Daemon {
     /// Tears down every ready member (a stopping daemon's: unlike claimed
     /// sandboxes, members are not adopted at the next start).
     pub async fn drain_pools(&self) {
-        let members = self.inner.pools.drain();
+        let pools = &self.inner.pools;
+        pools
+            .closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.tear_down(pools.drain()).await;
+        // Starts finishing now tear their member down; teardowns handed to
+        // tasks finish. Bounded: a stuck one is the next start's to reap.
+        let mut busy = pools.busy.subscribe();
+        let _ = tokio::time::timeout(DRAIN_WAIT, busy.wait_for(|n| *n == 0)).await;
+    }
+
+    /// Tears `members` down and waits for them.
+    async fn tear_down(&self, members: Vec<Member>) {
+        if members.is_empty() {
+            return;
+        }
+        let _busy = Busy::new(&self.inner.pools.busy);
         futures_util::future::join_all(members.into_iter().map(|m| m.launch.abandon())).await;
+    }
+
+    /// Tears `members` down in a task a stopping daemon waits for.
+    fn tear_down_later(&self, members: Vec<Member>) {
+        if members.is_empty() {
+            return;
+        }
+        let daemon = self.clone();
+        // Counted before the task runs, so a drain that starts now waits.
+        self.inner.pools.busy.send_modify(|n| *n += 1);
+        tokio::spawn(async move {
+            daemon.tear_down(members).await;
+            daemon
+                .inner
+                .pools
+                .busy
+                .send_modify(|n| *n = n.saturating_sub(1));
+        });
     }
 
     /// Applies the pools of a config file (`serve --pools`): each is set as
@@ -522,14 +595,20 @@ impl Daemon {
                     }
                 }
                 let class = pool.current.as_ref().map(|(c, _)| c.clone());
-                // Dropped members are torn down by their launch guards.
-                pool.ready.retain_mut(|m| {
-                    Some(&m.class) == class.as_ref()
-                        && futures_util::FutureExt::now_or_never(&mut m.instance.ended).is_none()
-                });
-                while pool.ready.len() as u32 > pool.row.max {
-                    pool.ready.pop_back();
+                let mut dropped = Vec::new();
+                for mut member in std::mem::take(&mut pool.ready) {
+                    let alive =
+                        futures_util::FutureExt::now_or_never(&mut member.instance.ended).is_none();
+                    if alive
+                        && Some(&member.class) == class.as_ref()
+                        && (pool.ready.len() as u32) < pool.row.max
+                    {
+                        pool.ready.push_back(member);
+                    } else {
+                        dropped.push(member);
+                    }
                 }
+                self.tear_down_later(dropped);
                 if pool.target > pool.row.min_ready && pool.last_miss.elapsed() >= SHRINK_AFTER {
                     pool.target -= 1;
                     pool.last_miss = Instant::now();
@@ -537,7 +616,8 @@ impl Daemon {
                 let Some((_, request)) = pool.current.as_ref() else {
                     continue;
                 };
-                if pool.retry_at.is_some_and(|at| Instant::now() < at) {
+                if pool.retry_at.is_some_and(|at| Instant::now() < at) || self.inner.pools.closing()
+                {
                     continue;
                 }
                 let held = pool.ready.len() as u32 + pool.starting;
@@ -561,7 +641,15 @@ impl Daemon {
             for (permit, request) in starts {
                 let daemon = self.clone();
                 let name = name.clone();
-                tokio::spawn(async move { daemon.start_member(name, request, permit).await });
+                self.inner.pools.busy.send_modify(|n| *n += 1);
+                tokio::spawn(async move {
+                    daemon.start_member(name, request, permit).await;
+                    daemon
+                        .inner
+                        .pools
+                        .busy
+                        .send_modify(|n| *n = n.saturating_sub(1));
+                });
             }
         }
         Ok(())
@@ -570,11 +658,29 @@ impl Daemon {
     /// Starts one member of pool `name` and puts it with the ready ones.
     async fn start_member(&self, name: String, request: NewSandboxRequest, permit: CreatePermit) {
         let started = self.started_member(&name, request, permit).await;
-        let mut pools = self.inner.pools.lock();
-        let Some(pool) = pools.get_mut(&name) else {
-            // The pool went meanwhile: the member is dropped, so torn down.
-            return;
+        let unwanted = {
+            let mut pools = self.inner.pools.lock();
+            match pools.get_mut(&name) {
+                // The pool went meanwhile, or the daemon is stopping.
+                None => started.ok(),
+                Some(_) if self.inner.pools.closing() => started.ok(),
+                Some(pool) => Self::settle_start(self, &name, pool, started),
+            }
         };
+        if let Some(member) = unwanted {
+            self.tear_down(vec![member]).await;
+        }
+    }
+
+    /// Puts a started member with `pool`'s ready ones, or counts its
+    /// failure; the member if it is of a class the pool no longer wants.
+    fn settle_start(
+        &self,
+        name: &str,
+        pool: &mut Pool,
+        started: Result<Member, DaemonError>,
+    ) -> Option<Member> {
+        let name = name.to_owned();
         pool.starting = pool.starting.saturating_sub(1);
         match started {
             Ok(member) => {
@@ -587,6 +693,9 @@ impl Daemon {
                 pool.retry_at = None;
                 if pool.current.as_ref().map(|(c, _)| c) == Some(&member.class) {
                     pool.ready.push_back(member);
+                    None
+                } else {
+                    Some(member)
                 }
             }
             Err(e) => {
@@ -599,6 +708,7 @@ impl Daemon {
                     .inc();
                 pool.last_error = Some(e.to_string());
                 pool.retry_at = Some(Instant::now() + RETRY_AFTER_FAILURE);
+                None
             }
         }
     }
