@@ -394,7 +394,7 @@ pub(crate) struct Inner {
     /// Warm pools and their ready members.
     pools: pools::Pools,
     /// Where outputs are copied.
-    outputs: Option<outputs::OutputStore>,
+    outputs: outputs::OutputStore,
 }
 
 /// The daemon's engine. Cheap to clone; clones share everything.
@@ -510,7 +510,7 @@ impl Daemon {
             Some(url) => url.clone(),
             None => format!("file://{}", config.data_dir.join("outputs").display()),
         };
-        let outputs = Some(outputs::OutputStore::open(&outputs_url)?);
+        let outputs = outputs::OutputStore::open(&outputs_url)?;
         Ok(Daemon {
             inner: Arc::new(Inner {
                 config,

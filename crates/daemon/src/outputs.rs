@@ -202,11 +202,7 @@ impl Daemon {
         sandbox: &LiveSandbox,
         request_id: &str,
     ) -> Result<Collected, DaemonError> {
-        let Some(outputs) = self.inner.outputs.as_ref() else {
-            return Err(DaemonError::Unsupported(
-                "this daemon has no outputs store".into(),
-            ));
-        };
+        let outputs = &self.inner.outputs;
         let id = sandbox.id.as_str();
         let entries = match crate::files::list_all_of(sandbox, OUTPUTS_DIR, DEPTH).await {
             Ok(entries) => entries,

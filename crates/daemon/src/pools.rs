@@ -232,18 +232,29 @@ pub(crate) struct Pools {
 }
 
 /// Counts one start or teardown in [`Pools::busy`] while it lives.
-struct Busy<'a>(&'a tokio::sync::watch::Sender<usize>);
+struct Busy(Daemon);
 
-impl<'a> Busy<'a> {
-    fn new(busy: &'a tokio::sync::watch::Sender<usize>) -> Busy<'a> {
-        busy.send_modify(|n| *n += 1);
-        Busy(busy)
+impl Busy {
+    fn new(daemon: &Daemon) -> Busy {
+        daemon.inner.pools.busy.send_modify(|n| *n += 1);
+        Busy(daemon.clone())
     }
 }
 
-impl Drop for Busy<'_> {
+impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0
+            .inner
+            .pools
+            .busy
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl Pool {
+    /// The class new members are started with, if the template resolves.
+    fn class(&self) -> Option<&Class> {
+        self.current.as_ref().map(|(c, _)| c)
     }
 }
 
@@ -263,7 +274,7 @@ impl Pools {
         let mut pools = self.lock();
         let mut missed: Option<&mut Pool> = None;
         for pool in pools.values_mut() {
-            if pool.current.as_ref().map(|(c, _)| c) != Some(&class) {
+            if pool.class() != Some(&class) {
                 continue;
             }
             if let Some(at) = pool.ready.iter().position(|m| m.class == class) {
@@ -512,28 +523,24 @@ impl Daemon {
 
     /// Tears `members` down and waits for them.
     async fn tear_down(&self, members: Vec<Member>) {
-        if members.is_empty() {
-            return;
-        }
-        let _busy = Busy::new(&self.inner.pools.busy);
         futures_util::future::join_all(members.into_iter().map(|m| m.launch.abandon())).await;
     }
 
     /// Tears `members` down in a task a stopping daemon waits for.
     fn tear_down_later(&self, members: Vec<Member>) {
-        if members.is_empty() {
-            return;
+        if !members.is_empty() {
+            let daemon = self.clone();
+            self.spawn_counted(async move { daemon.tear_down(members).await });
         }
-        let daemon = self.clone();
-        // Counted before the task runs, so a drain that starts now waits.
-        self.inner.pools.busy.send_modify(|n| *n += 1);
+    }
+
+    /// Runs `work` in a task a stopping daemon waits for, counted before
+    /// it runs (so a drain that starts now waits for it).
+    fn spawn_counted(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let busy = Busy::new(self);
         tokio::spawn(async move {
-            daemon.tear_down(members).await;
-            daemon
-                .inner
-                .pools
-                .busy
-                .send_modify(|n| *n = n.saturating_sub(1));
+            work.await;
+            drop(busy);
         });
     }
 
@@ -584,7 +591,7 @@ impl Daemon {
                 };
                 match current {
                     Ok(current) => {
-                        if pool.current.as_ref().map(|(c, _)| c) != Some(&current.0) {
+                        if pool.class() != Some(&current.0) {
                             pool.last_error = None;
                         }
                         pool.current = Some(current);
@@ -594,7 +601,7 @@ impl Daemon {
                         pool.current = None;
                     }
                 }
-                let class = pool.current.as_ref().map(|(c, _)| c.clone());
+                let class = pool.class().cloned();
                 let mut dropped = Vec::new();
                 for mut member in std::mem::take(&mut pool.ready) {
                     let alive =
@@ -641,15 +648,7 @@ impl Daemon {
             for (permit, request) in starts {
                 let daemon = self.clone();
                 let name = name.clone();
-                self.inner.pools.busy.send_modify(|n| *n += 1);
-                tokio::spawn(async move {
-                    daemon.start_member(name, request, permit).await;
-                    daemon
-                        .inner
-                        .pools
-                        .busy
-                        .send_modify(|n| *n = n.saturating_sub(1));
-                });
+                self.spawn_counted(async move { daemon.start_member(name, request, permit).await });
             }
         }
         Ok(())
@@ -691,7 +690,7 @@ impl Daemon {
                     .get_or_create(&crate::metrics::PoolLabel { pool: name.clone() })
                     .inc();
                 pool.retry_at = None;
-                if pool.current.as_ref().map(|(c, _)| c) == Some(&member.class) {
+                if pool.class() == Some(&member.class) {
                     pool.ready.push_back(member);
                     None
                 } else {
