@@ -5,7 +5,11 @@
   on a sandbox running a busy process, and the first exec after a resume,
   p50/p99;
 - the raw peer: the same cgroup v1 freezer written by hand (FROZEN, wait,
-  THAWED) around a shell of the same busy loop in a cgroup of its own.
+  THAWED) around a shell of the same busy loop in a cgroup of its own;
+- per tier, a pause keeping only the files (`mode: filesystem`) of a
+  sandbox of a busybox template that wrote 1 MiB, and the resume that
+  boots it again with its first exec, against a cold create + first exec
+  of the same template (the raw peer of a boot).
 
 Target: resume <= 20 ms at p50 on every tier. Needs root, runsc and runc
 (./scripts/deps). Usage:
@@ -22,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import ApiError, Client, default_airlock, summary, verdict  # noqa: E402
-from templates import Daemon  # noqa: E402
+from templates import Daemon, import_busybox  # noqa: E402
 
 TARGET_RESUME_MS = 20.0
 FREEZER = "/sys/fs/cgroup/freezer"
@@ -56,6 +60,35 @@ def tier_cycles(client, tier, n):
             first.append(t3 - t2)
     client.delete(sid)
     return {"pause": summary(pause), "resume": summary(resume), "first_exec": summary(first)}
+
+
+def files_only_cycles(client, tier, n):
+    """Files-only pause, then resume + first exec, against cold create +
+    first exec of the same template."""
+    sid = client.create({"template": "bb", "tier": tier})
+    status, payload = client._request("POST", f"/v1/sandboxes/{sid}/exec", {
+        "cmd": "/bin/sh", "args": ["-c", "busybox head -c 1048576 /dev/urandom > /tmp/data"]})
+    if status != 200:
+        raise ApiError("exec", status, payload)
+    pause, boot, cold = [], [], []
+    for i in range(n + 2):
+        t0 = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/pause", {"mode": "filesystem"})
+        t1 = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/resume")
+        client.exec_true(sid)
+        t2 = time.monotonic()
+        other = client.create({"template": "bb", "tier": tier})
+        client.exec_true(other)
+        t3 = time.monotonic()
+        client.delete(other)
+        if i >= 2:
+            pause.append(t1 - t0)
+            boot.append(t2 - t1)
+            cold.append(t3 - t2)
+    client.delete(sid)
+    return {"pause": summary(pause), "resume_first_exec": summary(boot),
+            "cold_first_exec": summary(cold)}
 
 
 def raw_cycles(n):
@@ -117,12 +150,14 @@ def main():
         raise SystemExit("bench/pause.py needs root (sandboxes, cgroups)")
     daemon = Daemon(args.airlock)
     try:
+        import_busybox(daemon, args.airlock)
         client = Client(daemon)
         tiers = {t: tier_cycles(client, t, args.n) for t in ("process", "oci", "gvisor")}
+        files_only = {t: files_only_cycles(client, t, args.n) for t in ("process", "oci", "gvisor")}
     finally:
         daemon.stop()
     raw = raw_cycles(args.n)
-    res = {"n": args.n, "tiers": tiers, "raw": raw}
+    res = {"n": args.n, "tiers": tiers, "raw": raw, "files_only": files_only}
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -141,3 +176,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    print("  files only (busybox template, 1 MiB written): resume boots it again")
+    for t, s in res["files_only"].items():
+        boot = s["resume_first_exec"]["p50_ms"]
+        cold = s["cold_first_exec"]["p50_ms"]
+        print(f"  {t:<8} pause p50 {s['pause']['p50_ms']:7.2f} ms p99 {s['pause']['p99_ms']:7.2f}"
+              f"  resume + first exec p50 {boot:7.2f} ms p99 {s['resume_first_exec']['p99_ms']:7.2f}"
+              f"  cold create + first exec p50 {cold:7.2f} ms  ratio {boot / max(cold, 1e-6):.2f}x")

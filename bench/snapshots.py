@@ -20,13 +20,12 @@ Needs root, busybox-static, runsc and runc (./scripts/deps). Usage:
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import ApiError, Client, cgroup_memory, default_airlock, mem_kib, summary  # noqa: E402
-from templates import Daemon, image_archive  # noqa: E402
+from templates import Daemon, import_busybox  # noqa: E402
 
 TIERS = ("process", "oci", "gvisor")
 WRITE = ("mkdir -p /home/user && busybox head -c 16777216 /dev/zero > /home/user/zeros && "
@@ -132,13 +131,7 @@ def main():
         raise SystemExit("bench/snapshots.py needs root (sandboxes, cgroups)")
     daemon = Daemon(args.airlock)
     try:
-        archive, _ = image_archive()
-        path = os.path.join(daemon.tmp, "bb.tar")
-        with open(path, "wb") as f:
-            f.write(archive)
-        subprocess.run([args.airlock, "template", "import", path, "--name", "bb",
-                        "--url", f"http://{daemon.host}:{daemon.port}", "--api-key", daemon.key],
-                       check=True, capture_output=True)
+        import_busybox(daemon, args.airlock)
         client = Client(daemon)
         res = {"n": args.n, "tiers": {t: per_tier(client, t, args.n) for t in TIERS}}
     finally:

@@ -131,6 +131,17 @@ class Daemon:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def import_busybox(daemon, airlock, name="bb"):
+    """Imports image_archive() into `daemon` as template `name`."""
+    archive, _ = image_archive()
+    path = os.path.join(daemon.tmp, f"{name}.tar")
+    with open(path, "wb") as f:
+        f.write(archive)
+    subprocess.run([airlock, "template", "import", path, "--name", name,
+                    "--url", f"http://{daemon.host}:{daemon.port}", "--api-key", daemon.key],
+                   check=True, capture_output=True)
+
+
 def du_bytes(path):
     out = subprocess.run(["du", "-sxb", path], capture_output=True, text=True, check=False)
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0

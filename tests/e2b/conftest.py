@@ -16,8 +16,10 @@ change) fails instead of hanging the run.
 
 import faulthandler
 import importlib.metadata
+import inspect
 import os
 import signal
+import time
 import uuid
 
 import pytest
@@ -186,3 +188,17 @@ def list_all(query=None, limit=None):
         pages += 1
         assert pages < 1000, "pagination does not end"
     return items, pages
+
+
+def has_lifecycle():
+    return "lifecycle" in inspect.signature(Sandbox.create).parameters
+
+
+def wait_state(sandbox_id, state, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        info = Sandbox.get_info(sandbox_id)
+        if info.state == state:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"{sandbox_id} did not become {state}: {info.state}")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import list_all, pause
+from conftest import has_lifecycle, list_all, pause, wait_state
 from e2b import (
     AuthenticationException,
     NotFoundException,
@@ -213,10 +213,6 @@ def test_pause_and_connect_twice_in_a_row_keep_every_change(make_sandbox):
     assert sbx.commands.run("cat /tmp/log").stdout == "first\nsecond\n"
 
 
-def has_lifecycle():
-    return "lifecycle" in inspect.signature(Sandbox.create).parameters
-
-
 def pausing_at_timeout(make_sandbox, timeout, auto_resume=False):
     """A sandbox its timeout pauses: `lifecycle` on newer SDKs,
     `beta_create(auto_pause=True)` on older ones."""
@@ -229,16 +225,6 @@ def pausing_at_timeout(make_sandbox, timeout, auto_resume=False):
     sbx = Sandbox.beta_create(timeout=timeout, auto_pause=True)
     make_sandbox.created.append(sbx.sandbox_id)
     return sbx
-
-
-def wait_state(sandbox_id, state, seconds=20):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        info = Sandbox.get_info(sandbox_id)
-        if info.state == state:
-            return info
-        time.sleep(0.2)
-    raise AssertionError(f"{sandbox_id} did not become {state}: {info.state}")
 
 
 def test_a_timeout_that_pauses_keeps_the_sandbox_and_connect_resumes_it(make_sandbox):
@@ -270,3 +256,5 @@ def test_auto_resume_wakes_a_sandbox_its_timeout_paused(make_sandbox):
     # A call into it resumes it.
     assert sbx.files.read("/home/user/kept") == "kept"
     assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+
+

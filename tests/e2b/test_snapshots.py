@@ -8,12 +8,13 @@ this file against a daemon that has the layered `base` template imported,
 since the host's system cannot be snapshotted.
 """
 
+import inspect
 import time
 import uuid
 
-from e2b import Sandbox, SandboxState
+from e2b import Sandbox, SandboxQuery, SandboxState
 
-from conftest import pause
+from conftest import has_lifecycle, list_all, pause, wait_state
 
 
 def unique(prefix):
@@ -110,3 +111,84 @@ def test_a_paused_sandbox_can_be_snapshotted_and_stays_paused(make_sandbox):
     child = make_sandbox(template=info.snapshot_id)
     assert child.files.read("/tmp/while-paused") == "yes"
     assert Sandbox.delete_snapshot(info.snapshot_id)
+
+
+def pause_files_only(sbx):
+    """A pause keeping only the filesystem: `mode="filesystem"` (latest
+    SDKs) or `keep_memory=False` (2.4x). False on SDKs that cannot ask."""
+    params = inspect.signature(sbx.pause).parameters if hasattr(sbx, "pause") else {}
+    if "mode" in params:
+        sbx.pause(mode="filesystem")
+    elif "keep_memory" in params:
+        sbx.pause(keep_memory=False)
+    else:
+        return False
+    return True
+
+
+def sleepers(sbx):
+    return sbx.commands.run("ps -eo args | grep -c '^sleep 1000' || true").stdout.strip()
+
+
+def test_a_filesystem_pause_keeps_files_and_connect_boots_fresh_processes(make_sandbox, tag):
+    sbx = make_sandbox(template="base", metadata={"suite": tag})
+    for word in ["first", "second"]:
+        sbx.files.write(f"/home/user/{word}", word)
+        sbx.commands.run(f"echo {word} >> /tmp/log")
+        sbx.commands.run("sleep 1000", background=True)
+        assert sleepers(sbx) == "1"
+        if not pause_files_only(sbx):
+            # The oldest SDKs have only beta_pause(), which keeps memory.
+            assert not hasattr(sbx, "pause")
+            return
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.PAUSED
+        paused, _ = list_all(SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED]))
+        assert [i.sandbox_id for i in paused] == [sbx.sandbox_id]
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+        # Booted again: the files are there, the process is not.
+        assert sleepers(sbx) == "0"
+    assert sbx.files.read("/home/user/first") == "first"
+    assert sbx.files.read("/home/user/second") == "second"
+    assert sbx.commands.run("cat /tmp/log").stdout == "first\nsecond\n"
+
+
+def test_connect_with_a_reboot_starts_a_memory_paused_sandbox_afresh(make_sandbox):
+    if "on_resume" not in inspect.signature(Sandbox.connect).parameters:
+        return  # older SDKs cannot ask for it
+    sbx = make_sandbox(template="base")
+    sbx.files.write("/home/user/kept", "kept")
+    sbx.commands.run("sleep 1000", background=True)
+    pause(sbx)
+    rebooted = Sandbox.connect(sbx.sandbox_id, timeout=60, on_resume="reboot")
+    assert Sandbox.get_info(sbx.sandbox_id).state == SandboxState.RUNNING
+    assert rebooted.files.read("/home/user/kept") == "kept"
+    assert sleepers(rebooted) == "0"
+
+
+def files_only_on_timeout():
+    """The `on_timeout` that pauses keeping only the filesystem, as this
+    SDK spells it; None when it cannot."""
+    if not has_lifecycle():
+        return None
+    from e2b.sandbox import sandbox_api
+
+    fields = getattr(getattr(sandbox_api, "SandboxOnTimeoutPause", None), "__annotations__", {})
+    if "mode" in fields:
+        return {"action": "pause", "mode": "filesystem"}
+    if "keep_memory" in fields:
+        return {"action": "pause", "keep_memory": False}
+    return None
+
+
+def test_a_timeout_that_pauses_keeping_files_only_is_resumed_by_connect(make_sandbox):
+    on_timeout = files_only_on_timeout()
+    if on_timeout is None:
+        return  # this SDK cannot ask for it
+    sbx = make_sandbox(template="base", timeout=3, lifecycle={"on_timeout": on_timeout})
+    sbx.files.write("/home/user/kept", "kept")
+    sbx.commands.run("sleep 1000", background=True)
+    wait_state(sbx.sandbox_id, SandboxState.PAUSED)
+    resumed = Sandbox.connect(sbx.sandbox_id, timeout=60)
+    assert resumed.files.read("/home/user/kept") == "kept"
+    assert sleepers(resumed) == "0"

@@ -81,6 +81,11 @@ pub struct ServeArgs {
     /// changes and archives, e.g. 20G).
     #[arg(long, default_value = "20G", value_parser = parse_size)]
     max_snapshot_bytes_per_key: u64,
+    /// How many sandboxes one API key may keep paused with only their
+    /// files (they hold their layers on disk, and nothing else); past it
+    /// such a pause is refused (403) until one is resumed or deleted.
+    #[arg(long, default_value_t = airlock_daemon::DEFAULT_MAX_FILES_ONLY_PAUSED)]
+    max_files_only_paused_per_key: u64,
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
@@ -379,6 +384,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         count: args.max_snapshots_per_key,
         bytes: args.max_snapshot_bytes_per_key,
     };
+    config.max_files_only_paused = args.max_files_only_paused_per_key;
     config.max_upload_bytes = args.max_upload;
     config.max_image_bytes = args.max_image;
     config.registries = std::sync::Arc::new(registries(&args)?);

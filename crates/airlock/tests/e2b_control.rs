@@ -218,7 +218,9 @@ fn the_sdk_lifecycle_works_end_to_end() {
         e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
         "running"
     );
-    // Keeping only the filesystem is not done yet: 501, and it keeps running.
+    // Its template (the host's system) is no stack of layers, so its files
+    // cannot be kept apart from its memory: 501, and it keeps running
+    // (tests/snapshots.rs pauses layered ones keeping only their files).
     let message = assert_error(
         &e2b(
             &daemon,
@@ -228,7 +230,7 @@ fn the_sdk_lifecycle_works_end_to_end() {
         ),
         501,
     );
-    assert!(message.contains("keeping only its files"), "{message}");
+    assert!(message.contains("pause keeping its memory"), "{message}");
     assert_eq!(
         e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json()["state"],
         "running"

@@ -425,6 +425,202 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
     }
 }
 
+/// The state of sandbox `id` as the native API shows it.
+fn state_of(daemon: &TestDaemon, id: &str) -> String {
+    daemon
+        .call("GET", &format!("/v1/sandboxes/{id}"), None)
+        .json()["state"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// POSTs `body` to `/v1/sandboxes/{id}/{step}`, which must answer 200.
+fn step_ok(daemon: &TestDaemon, id: &str, step: &str, body: Value) -> Value {
+    let answer = daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/{step}"),
+        Some(body.clone()),
+    );
+    assert_eq!(answer.status, 200, "{id} {step} {body}: {}", answer.text());
+    answer.json()
+}
+
+#[test]
+fn a_files_only_pause_keeps_files_ends_processes_and_survives_a_restart_on_every_tier() {
+    let _serial = serial();
+    let cleanup = SupervisorCleanup::default();
+    let mut daemon = TestDaemon::start(&[]);
+    tiny(&daemon);
+    let template_layers = layer_dirs(&daemon);
+    for tier in TIERS {
+        let id = id_of(&daemon.create(json!({"tier": tier, "template": "tiny"})));
+        cleanup.add(&id);
+        daemon.sh_ok(&id, "echo first > /home/user/first && echo one > /tmp/log");
+        daemon.start_counter(&id);
+        std::thread::sleep(Duration::from_millis(200));
+        let files = json!({"mode": "filesystem"});
+        let paused = step_ok(&daemon, &id, "pause", files.clone());
+        assert_eq!(paused["state"], "paused", "{tier}: {paused}");
+        // Nothing of it runs or is held on the host; calls into it are
+        // refused, and a second pause too.
+        assert_sandbox_gone(&id);
+        let exec = daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": "true"})),
+        );
+        assert_eq!(exec.status, 409, "{tier}: {}", exec.text());
+        let again = daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/pause"),
+            Some(files.clone()),
+        );
+        assert_eq!(again.status, 409, "{tier}: {}", again.text());
+        // It survives a daemon killed with -9, still paused.
+        daemon.kill9();
+        daemon.restart();
+        assert_eq!(state_of(&daemon, &id), "paused", "{tier} after a restart");
+        assert_sandbox_gone(&id);
+        // Resumed: the files are there, the counter is not (it counted
+        // once, and not since).
+        let resumed = step_ok(&daemon, &id, "resume", json!({}));
+        assert_eq!(resumed["state"], "running", "{tier}: {resumed}");
+        let counted = count_lines(&daemon, &id);
+        assert!(counted > 0, "{tier}: the counter's file is gone");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            count_lines(&daemon, &id),
+            counted,
+            "{tier}: the counter runs on"
+        );
+        assert_eq!(
+            daemon
+                .sh_ok(&id, "ps -o comm | grep -c sleep || true")
+                .trim(),
+            "0"
+        );
+        // Twice in a row: every change is kept.
+        daemon.sh_ok(
+            &id,
+            "echo second > /home/user/second && echo two >> /tmp/log",
+        );
+        step_ok(&daemon, &id, "pause", files.clone());
+        step_ok(&daemon, &id, "resume", json!({}));
+        assert_eq!(
+            daemon.sh_ok(&id, "cat /home/user/first /home/user/second /tmp/log"),
+            "first\nsecond\none\ntwo\n",
+            "{tier}"
+        );
+        // Paused with its memory, then resumed with a reboot: fresh
+        // processes on the same files.
+        daemon.start_counter(&id);
+        std::thread::sleep(Duration::from_millis(200));
+        step_ok(&daemon, &id, "pause", json!({}));
+        let rebooted = step_ok(&daemon, &id, "resume", json!({"on_resume": "reboot"}));
+        assert_eq!(rebooted["state"], "running", "{tier}: {rebooted}");
+        let counted = count_lines(&daemon, &id);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            count_lines(&daemon, &id),
+            counted,
+            "{tier}: the reboot kept the counter"
+        );
+        let bad = daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/resume"),
+            Some(json!({"on_resume": "later"})),
+        );
+        assert_eq!(bad.status, 400, "{}", bad.text());
+        // Deleted while paused files-only: recorded dead, and its layers
+        // go at the next collection.
+        step_ok(&daemon, &id, "pause", files.clone());
+        let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert!(deleted.status < 300, "{}", deleted.text());
+        assert_eq!(state_of(&daemon, &id), "dead");
+        assert_sandbox_gone(&id);
+        collect(&daemon);
+        assert_eq!(layer_dirs(&daemon), template_layers, "{tier}");
+    }
+    // A template that is not a stack of layers can only keep its memory.
+    let host = id_of(&daemon.create(json!({"template": "host"})));
+    let refused = daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{host}/pause"),
+        Some(json!({"mode": "filesystem"})),
+    );
+    assert_eq!(refused.status, 501, "{}", refused.text());
+    assert_eq!(state_of(&daemon, &host), "running");
+    daemon.call("DELETE", &format!("/v1/sandboxes/{host}"), None);
+}
+
+#[test]
+fn a_timeout_that_pauses_files_only_frees_the_host_and_connect_boots_it_again() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&["--paused-ttl", "4s", "--max-files-only-paused-per-key", "1"]);
+    tiny(&daemon);
+    let refused = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"template": "tiny", "lifecycle": {"on_timeout": "kill", "files_only": true}})),
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    let id = id_of(&daemon.create(json!({"template": "tiny", "timeout_s": 1,
+        "lifecycle": {"on_timeout": "pause", "files_only": true}})));
+    daemon.sh_ok(&id, "echo kept > /home/user/kept");
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || state_of(&daemon, &id)
+            == "paused"),
+        "{}",
+        state_of(&daemon, &id)
+    );
+    assert_sandbox_gone(&id);
+    // One is this key's most: another such pause is refused, and that
+    // sandbox runs on.
+    let other = id_of(&daemon.create(json!({"template": "tiny"})));
+    let refused = daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{other}/pause"),
+        Some(json!({"mode": "filesystem"})),
+    );
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(
+        refused.json()["code"],
+        "quota_exceeded",
+        "{}",
+        refused.text()
+    );
+    assert_eq!(state_of(&daemon, &other), "running");
+    daemon.call("DELETE", &format!("/v1/sandboxes/{other}"), None);
+    // e2b's connect boots it again (201: it was paused).
+    let connected = e2b(
+        &daemon,
+        "POST",
+        &format!("/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 60})),
+    );
+    assert_eq!(connected.status, 201, "{}", connected.text());
+    assert_eq!(daemon.sh_ok(&id, "cat /home/user/kept"), "kept\n");
+    // Paused again, it ends at its paused TTL.
+    let e2b_pause = e2b(
+        &daemon,
+        "POST",
+        &format!("/sandboxes/{id}/pause"),
+        Some(json!({"memory": false})),
+    );
+    assert_eq!(e2b_pause.status, 204, "{}", e2b_pause.text());
+    assert_sandbox_gone(&id);
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(20), || state_of(&daemon, &id) == "dead"),
+        "{}",
+        state_of(&daemon, &id)
+    );
+    let seen = daemon
+        .call("GET", &format!("/v1/sandboxes/{id}"), None)
+        .json();
+    assert_eq!(seen["reason"], "timeout", "{seen}");
+}
+
 /// Snapshot, create from it, fork, delete: `AIRLOCK_SNAPSHOT_CYCLES`
 /// times (1000 unless set) on the process tier, with the daemon's memory
 /// and the store checked at the end.

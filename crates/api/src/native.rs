@@ -273,22 +273,46 @@ pub async fn pause_sandbox(
     Ok(Json(SandboxView::of(&row, None)))
 }
 
-/// Resumes a paused sandbox.
+/// Body of `POST /v1/sandboxes/{id}/resume` (optional).
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeSandbox {
+    /// `restore` (the default): it continues as its pause kept it;
+    /// `reboot`: fresh processes start on its files, whatever the pause
+    /// kept.
+    pub on_resume: Option<String>,
+}
+
+/// Resumes a paused sandbox: one paused with its memory continues where
+/// it was, one paused keeping only its files boots again on them.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ResumeSandbox,
     responses(
         (status = 200, description = "Running again", body = SandboxView),
         (status = 404, description = "No such sandbox", body = ErrorBody),
+        (status = 400, description = "Not a way to resume", body = ErrorBody),
         (status = 409, description = "Not paused", body = ErrorBody),
+        (status = 429, description = "No room to boot it again", body = ErrorBody),
         (status = 501, description = "The sandbox's tier cannot resume", body = ErrorBody),
     ))]
 pub async fn resume_sandbox(
     State(api): State<Api>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<Json<SandboxView>> {
     let key = caller.key()?;
-    api.daemon.resume(key, &id).await?;
+    let request: ResumeSandbox = crate::error::optional_body(&body, "a resume request")?;
+    match request.on_resume.as_deref() {
+        None | Some("restore") => api.daemon.resume(key, &id).await?,
+        Some("reboot") => api.daemon.reboot(key, &id).await?,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "on_resume: {other:?} is not a way to resume (restore, reboot)"
+            )))
+        }
+    }
     let row = api.daemon.get(key, &id)?;
     Ok(Json(SandboxView::of(&row, None)))
 }

@@ -20,6 +20,7 @@ pub mod audit;
 pub mod builds;
 pub mod exec;
 pub mod files;
+pub mod files_only;
 pub mod interpreter;
 pub mod metrics;
 pub mod outputs;
@@ -116,6 +117,9 @@ pub struct Config {
     pub snapshot_zstd_level: i32,
     /// How many snapshots, of how many bytes, one API key may keep.
     pub snapshot_quota: airlock_store::SnapshotQuota,
+    /// How many sandboxes one API key may keep paused with only their
+    /// files (they hold disk, no live slot).
+    pub max_files_only_paused: u64,
     /// Where sandboxes' outputs are copied (`file:///dir` or
     /// `s3://bucket/prefix`); `None`: `<data_dir>/outputs`.
     pub outputs_store: Option<String>,
@@ -129,6 +133,10 @@ pub const DEFAULT_SNAPSHOT_QUOTA: airlock_store::SnapshotQuota = airlock_store::
     count: 100,
     bytes: 20 << 30,
 };
+
+/// How many sandboxes one API key may keep paused with only their files
+/// unless the operator says otherwise.
+pub const DEFAULT_MAX_FILES_ONLY_PAUSED: u64 = 100;
 
 /// What the machine can give one sandbox at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,6 +195,7 @@ impl Config {
             build_cache_ttl: Duration::from_secs(7 * 24 * 3600),
             snapshot_zstd_level: airlock_layers::keep::DEFAULT_LEVEL,
             snapshot_quota: DEFAULT_SNAPSHOT_QUOTA,
+            max_files_only_paused: DEFAULT_MAX_FILES_ONLY_PAUSED,
             outputs_store: None,
             outputs_max_bytes: 1 << 30,
         }
@@ -378,6 +387,9 @@ pub(crate) struct Inner {
     /// (see [`reconcile`]), each with what wakes its retrying task; they
     /// count as recorded.
     adopting: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// One lock per sandbox being resumed, so two resumes of one sandbox
+    /// (a files-only one boots again) run one after the other.
+    resuming: files_only::Resuming,
     audit: Audit,
     metrics: Metrics,
     /// What sandbox access tokens are derived from.
@@ -520,6 +532,7 @@ impl Daemon {
                 live: Mutex::new(HashMap::new()),
                 creating: Mutex::new(Default::default()),
                 adopting: Mutex::new(HashMap::new()),
+                resuming: files_only::Resuming::default(),
                 audit,
                 metrics,
                 token_key,

@@ -22,7 +22,9 @@
 //!    supervisor left word that it ended it at its deadline, `oom` when it
 //!    died of the OOM killer, else `daemon_restart` (a stop in progress
 //!    keeps its own reason).
-//! 4. Whatever runs or lingers on the host without a live record
+//! 4. A sandbox paused keeping only its files holds nothing on the host:
+//!    it stays paused (see [`crate::files_only`]).
+//! 5. Whatever runs or lingers on the host without a live record
 //!    (supervisors, cgroups, slot records, sockets) is removed.
 
 use crate::audit::now_ms;
@@ -94,6 +96,11 @@ impl Daemon {
         };
         let mut keep = HashSet::new();
         for row in rows {
+            if row.is_paused_files_only() {
+                // Nothing of it runs: it stays paused, to be booted again
+                // on its files (see `files_only`).
+                continue;
+            }
             let state = state_of(&row);
             let resources: Option<Resources> = row
                 .resources_json

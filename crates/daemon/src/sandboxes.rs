@@ -71,7 +71,7 @@ enum Claim {
 }
 
 /// The store's state column and reason for a lifecycle state.
-fn columns(state: State) -> (airlock_store::State, Option<&'static str>) {
+pub(crate) fn columns(state: State) -> (airlock_store::State, Option<&'static str>) {
     use airlock_store::State as S;
     let column = match state {
         State::Creating => S::Creating,
@@ -955,6 +955,9 @@ impl Daemon {
         if state == State::Creating {
             let _ = self.transition(id, State::Creating, Action::Stop(reason))?;
         }
+        if row.is_paused_files_only() && !self.inner.resuming.busy(id) {
+            return self.stop_files_only(&row, reason, None);
+        }
         if let Some(adopting) = self.adopting(id) {
             // Recorded but not adopted yet: its adoption task finishes the
             // stop.
@@ -970,8 +973,14 @@ impl Daemon {
                 return Box::pin(self.stop(id, reason, None)).await;
             }
             let row = self.with_store(|s| s.get_sandbox(id))?;
-            if row.as_ref().is_none_or(|r| state_of(r).is_dead()) {
-                return Ok(());
+            match row {
+                None => return Ok(()),
+                Some(row) if state_of(&row).is_dead() => return Ok(()),
+                // A resume that failed left it paused files-only again.
+                Some(row) if row.is_paused_files_only() && !self.inner.resuming.busy(id) => {
+                    return self.stop_files_only(&row, reason, None);
+                }
+                Some(_) => {}
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1093,6 +1102,9 @@ impl Daemon {
     }
 
     async fn pause_live(&self, id: &str, mode: crate::PauseMode) -> Result<(), DaemonError> {
+        if mode == crate::PauseMode::Filesystem {
+            return self.pause_files_only(id).await;
+        }
         let sandbox = self.running(id)?;
         let backend = Arc::clone(self.inner.tiers.get(sandbox.spec.tier)?);
         let _teardown = sandbox.teardown.lock().await;
@@ -1124,7 +1136,12 @@ impl Daemon {
     }
 
     async fn resume_live(&self, id: &str) -> Result<(), DaemonError> {
+        let _resuming = self.inner.resuming.lock(id).await;
         let Some(sandbox) = self.live_sandbox(id) else {
+            let row = self.recorded(id)?;
+            if row.is_paused_files_only() {
+                return self.boot_files_only(row).await;
+            }
             return Err(DaemonError::NotRunning(id.to_owned()));
         };
         let backend = Arc::clone(self.inner.tiers.get(sandbox.spec.tier)?);
@@ -1148,17 +1165,61 @@ impl Daemon {
         Ok(())
     }
 
-    /// Whether live sandbox `id` is paused (a cheap look at the registry).
-    pub fn is_paused(&self, id: &str) -> bool {
+    /// Resumes sandbox `id` (one `key` may see) on its files with fresh
+    /// processes, whatever its pause kept (e2b's `on_resume="reboot"`): one
+    /// paused with its memory is paused keeping only its files first (see
+    /// [`crate::files_only`]). 409 for one that is not paused.
+    pub async fn reboot(&self, key: &KeyRow, id: &str) -> Result<(), DaemonError> {
+        self.visible(key, id)?;
+        if self.is_paused_with_memory(id) {
+            match self.pause_files_only(id).await {
+                // Resumed meanwhile, or paused files-only by another call.
+                Ok(()) | Err(DaemonError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.resume_live(id).await
+    }
+
+    /// Whether live sandbox `id` is paused with its memory kept.
+    fn is_paused_with_memory(&self, id: &str) -> bool {
         self.live_sandbox(id)
             .is_some_and(|s| s.state() == State::Paused)
+    }
+
+    /// Whether sandbox `id` is paused, with its memory or only its files
+    /// (a cheap look at the registry for a live one).
+    pub fn is_paused(&self, id: &str) -> bool {
+        match self.live_sandbox(id) {
+            Some(sandbox) => sandbox.state() == State::Paused,
+            None => self
+                .with_store(|s| s.get_sandbox(id))
+                .ok()
+                .flatten()
+                .is_some_and(|row| row.is_paused_files_only()),
+        }
     }
 
     /// Resumes sandbox `id` when it is paused and its lifecycle lets a call
     /// wake it (`auto_resume`); whether it is running now.
     pub async fn wake(&self, id: &str) -> bool {
         let Some(sandbox) = self.live_sandbox(id) else {
-            return false;
+            let wakes = self
+                .with_store(|s| s.get_sandbox(id))
+                .ok()
+                .flatten()
+                .filter(SandboxRow::is_paused_files_only)
+                .and_then(|row| serde_json::from_str::<SandboxSpec>(&row.spec_json).ok())
+                .is_some_and(|spec| spec.lifecycle.auto_resume);
+            return wakes
+                && match self.resume_live(id).await {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("cannot wake {id}: {e}");
+                        self.live_sandbox(id)
+                            .is_some_and(|s| s.state() == State::Running)
+                    }
+                };
         };
         match sandbox.state() {
             State::Running => true,
@@ -1231,13 +1292,13 @@ impl Daemon {
 
     /// Makes live sandbox `id` expire `after` from now, whatever its
     /// limits.
-    fn expire_in_from_now(&self, id: &str, after: Duration) -> Result<(), DaemonError> {
+    pub(crate) fn expire_in_from_now(&self, id: &str, after: Duration) -> Result<(), DaemonError> {
         let row = self.recorded(id)?;
         self.expire_in(&row, after).map(drop)
     }
 
     /// The record of `id`, whoever may see it.
-    fn recorded(&self, id: &str) -> Result<SandboxRow, DaemonError> {
+    pub(crate) fn recorded(&self, id: &str) -> Result<SandboxRow, DaemonError> {
         self.with_store(|s| s.get_sandbox(id))?
             .ok_or_else(|| not_found(id))
     }
@@ -1405,14 +1466,20 @@ impl Daemon {
                 }
                 // One that pauses at its timeout is paused (then kept for the
                 // paused TTL, at whose end it is stopped), unless it cannot be.
-                let pauses = self.live_sandbox(&id).is_some_and(|s| {
-                    s.state() == State::Running
-                        && s.spec.lifecycle.on_timeout == airlock_policy::OnTimeout::Pause
-                });
+                let pauses = self
+                    .live_sandbox(&id)
+                    .filter(|s| {
+                        s.state() == State::Running
+                            && s.spec.lifecycle.on_timeout == airlock_policy::OnTimeout::Pause
+                    })
+                    .map(|s| match s.spec.lifecycle.files_only {
+                        true => crate::PauseMode::Filesystem,
+                        false => crate::PauseMode::Memory,
+                    });
                 let daemon = self.clone();
                 tokio::spawn(async move {
-                    if pauses {
-                        match daemon.pause_live(&id, crate::PauseMode::Memory).await {
+                    if let Some(mode) = pauses {
+                        match daemon.pause_live(&id, mode).await {
                             Ok(()) => return,
                             Err(e) => tracing::warn!("{id} cannot be paused at its timeout: {e}"),
                         }

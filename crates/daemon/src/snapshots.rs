@@ -130,7 +130,7 @@ fn bare_snapshot_name(text: &str) -> Option<&str> {
 
 /// The diff ids of the layers `spec` runs on, bottom first; `None` for a
 /// template that is not a stack of layers of the store.
-fn spec_layers(spec: &SandboxSpec) -> Option<Vec<String>> {
+pub(crate) fn spec_layers(spec: &SandboxSpec) -> Option<Vec<String>> {
     let Template::Layers { layers } = &spec.template else {
         return None;
     };

@@ -85,6 +85,11 @@ pub struct Lifecycle {
     /// Whether a call into it while paused resumes it first (only with
     /// `on_timeout: pause`, as e2b has it).
     pub auto_resume: bool,
+    /// Whether the pause at its timeout keeps only its files: its
+    /// processes end, and a resume starts fresh ones on the same files
+    /// (e2b's filesystem-only pause). Only with `on_timeout: pause`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub files_only: bool,
 }
 
 impl Default for SandboxSpec {
@@ -309,6 +314,8 @@ pub enum SpecError {
     TimeoutOutOfRange,
     #[error("auto_resume needs on_timeout: pause (a killed sandbox has nothing to resume)")]
     AutoResumeWithoutPause,
+    #[error("lifecycle.files_only needs on_timeout: pause (it says what the pause at the timeout keeps)")]
+    FilesOnlyWithoutPause,
     #[error("template directory `{0}` must be an absolute path")]
     TemplateNotAbsolute(PathBuf),
     #[error("a template stacks 1 to {MAX_LAYERS} layers, not {0}")]
@@ -377,6 +384,9 @@ impl SandboxSpec {
         }
         if self.lifecycle.auto_resume && self.lifecycle.on_timeout != OnTimeout::Pause {
             return Err(SpecError::AutoResumeWithoutPause);
+        }
+        if self.lifecycle.files_only && self.lifecycle.on_timeout != OnTimeout::Pause {
+            return Err(SpecError::FilesOnlyWithoutPause);
         }
         match &self.template {
             Template::Host => {}
@@ -513,6 +523,11 @@ mod tests {
         assert_eq!(spec.validate(), Ok(()));
         let text = serde_json::to_string(&spec.lifecycle).unwrap();
         assert_eq!(text, r#"{"on_timeout":"pause","auto_resume":true}"#);
+        spec.lifecycle.files_only = true;
+        assert_eq!(spec.validate(), Ok(()));
+        spec.lifecycle.on_timeout = OnTimeout::Kill;
+        spec.lifecycle.auto_resume = false;
+        assert_eq!(spec.validate(), Err(SpecError::FilesOnlyWithoutPause));
     }
 
     #[test]

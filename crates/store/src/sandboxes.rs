@@ -262,6 +262,52 @@ impl Store {
         Ok(())
     }
 
+    /// Records a sandbox running or paused (`from`) as paused keeping only
+    /// its files, in one transaction: it runs on `spec_json` now (its
+    /// template with its frozen changes on top), references `layers` too,
+    /// and holds nothing on the host (its resources are cleared, so a
+    /// restarted daemon leaves it paused rather than adopting it). `false`
+    /// when it was no longer in `from`; nothing changed then.
+    pub fn pause_files_only(
+        &self,
+        id: &str,
+        from: State,
+        spec_json: &str,
+        layers: &[String],
+    ) -> Result<bool, StoreError> {
+        check_json("spec_json", spec_json, true)?;
+        let tx = self.conn.unchecked_transaction()?;
+        let changed = self
+            .conn
+            .prepare_cached(
+                "UPDATE sandboxes SET state = ?2, state_reason = NULL, spec_json = ?3, \
+                 resources_json = NULL, updated_at = ?4 WHERE id = ?1 AND state = ?5",
+            )?
+            .execute(params![id, State::Paused, spec_json, now_millis(), from])?;
+        if changed == 0 {
+            return if self.sandbox_exists(id)? {
+                Ok(false)
+            } else {
+                Err(not_found(id))
+            };
+        }
+        self.insert_sandbox_layers(id, layers)?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// How many sandboxes of `owner_key_id` are paused keeping only their
+    /// files.
+    pub fn count_files_only_paused(&self, owner_key_id: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM sandboxes WHERE owner_key_id = ?1 AND state = 'paused' \
+                 AND resources_json IS NULL",
+            )?
+            .query_row([owner_key_id], |row| row.get(0))?)
+    }
+
     fn sandbox_exists(&self, id: &str) -> Result<bool, StoreError> {
         Ok(self
             .conn

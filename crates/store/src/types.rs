@@ -138,8 +138,19 @@ pub struct SandboxRow {
     pub updated_at: i64,
     /// Unix milliseconds after which the reaper kills it.
     pub expires_at: i64,
-    /// What teardown must release, as JSON text.
+    /// What teardown must release, as JSON text. `None` for one being
+    /// created, and for one paused keeping only its files (see
+    /// [`SandboxRow::is_paused_files_only`]): nothing of it runs.
     pub resources_json: Option<String>,
+}
+
+impl SandboxRow {
+    /// Whether it is paused keeping only its files
+    /// ([`crate::Store::pause_files_only`]): paused, with nothing on the
+    /// host, so a resume boots it again on its files.
+    pub fn is_paused_files_only(&self) -> bool {
+        self.state == State::Paused && self.resources_json.is_none()
+    }
 }
 
 /// A sandbox to insert. It starts in [`State::Creating`] with no reason and

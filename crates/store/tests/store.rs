@@ -401,6 +401,63 @@ fn expiry_and_resources_are_updated() {
 }
 
 #[test]
+fn a_files_only_pause_swaps_spec_and_layers_in_one_step() {
+    let (store, key) = store_with_key();
+    let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    store.record_layer(&digest('a'), 10, 1).unwrap();
+    store.record_layer(&digest('b'), 10, 1).unwrap();
+    let mut new = sandbox("sbx-1", &key, 1);
+    new.layers = vec![digest('a')];
+    new.resources_json = Some(r#"{"slot":1}"#.to_owned());
+    store.insert_sandbox(&new).unwrap();
+    store
+        .set_state("sbx-1", None, State::Running, None)
+        .unwrap();
+    let row = store.get_sandbox("sbx-1").unwrap().unwrap();
+    assert!(!row.is_paused_files_only());
+    // From a state it is not in: nothing changes.
+    let spec = r#"{"template":"frozen"}"#;
+    assert!(!store
+        .pause_files_only("sbx-1", State::Paused, spec, &[digest('b')])
+        .unwrap());
+    assert_eq!(store.get_sandbox("sbx-1").unwrap().unwrap(), row);
+    assert!(store
+        .pause_files_only("sbx-1", State::Running, spec, &[digest('b')])
+        .unwrap());
+    let paused = store.get_sandbox("sbx-1").unwrap().unwrap();
+    assert!(paused.is_paused_files_only());
+    assert_eq!(store.count_files_only_paused(&key).unwrap(), 1);
+    assert_eq!(store.count_files_only_paused("key-other").unwrap(), 0);
+    assert_eq!(paused.spec_json, spec);
+    assert_eq!(paused.resources_json, None);
+    // Both layers are held while it is not dead.
+    assert_eq!(store.unreferenced_layers().unwrap(), Vec::<String>::new());
+    // An unknown layer or a bad spec changes nothing.
+    assert!(store
+        .pause_files_only("sbx-1", State::Paused, spec, &[digest('c')])
+        .is_err());
+    assert!(store
+        .pause_files_only("sbx-1", State::Paused, "[]", &[])
+        .is_err());
+    assert!(store
+        .get_sandbox("sbx-1")
+        .unwrap()
+        .unwrap()
+        .is_paused_files_only());
+    assert!(matches!(
+        store.pause_files_only("sbx-x", State::Running, spec, &[]),
+        Err(StoreError::NotFound { .. })
+    ));
+    store
+        .set_state("sbx-1", None, State::Dead, Some("deleted"))
+        .unwrap();
+    assert_eq!(
+        store.unreferenced_layers().unwrap(),
+        vec![digest('a'), digest('b')]
+    );
+}
+
+#[test]
 fn list_filters_by_state_metadata_and_owner() {
     let store = Store::open_in_memory().unwrap();
     let (alice, _) = store.create_key("alice", false).unwrap();

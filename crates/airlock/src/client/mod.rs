@@ -66,8 +66,8 @@ pub enum ClientCommand {
     /// Pause a sandbox: no CPU until resumed (its tier keeps its memory,
     /// or with --mode filesystem only its files).
     Pause(sandboxes::PauseArgs),
-    /// Resume a paused sandbox.
-    Resume(sandboxes::StatusArgs),
+    /// Resume a paused sandbox (with --reboot, on fresh processes).
+    Resume(sandboxes::ResumeArgs),
     /// Freeze sandboxes' files into snapshots; list, show and remove them.
     #[command(subcommand)]
     Snapshot(snapshots::SnapshotCommand),

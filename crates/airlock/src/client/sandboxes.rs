@@ -106,6 +106,22 @@ pub struct PauseArgs {
     pub(super) conn: Connection,
 }
 
+/// Options of `airlock resume`.
+#[derive(Args)]
+pub struct ResumeArgs {
+    /// The sandbox.
+    id: String,
+    /// Start fresh processes on its files, whatever its pause kept
+    /// (otherwise one paused with its memory continues where it was).
+    #[arg(long)]
+    reboot: bool,
+    /// Print the daemon's sandbox view as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    pub(super) conn: Connection,
+}
+
 /// Options of `airlock network`.
 #[derive(Args)]
 pub struct NetworkArgs {
@@ -376,9 +392,13 @@ pub fn pause(args: &PauseArgs) -> Result<ExitCode> {
 }
 
 /// `airlock resume ID`.
-pub fn resume(args: &StatusArgs) -> Result<ExitCode> {
+pub fn resume(args: &ResumeArgs) -> Result<ExitCode> {
     let api = args.conn.api()?;
-    let view = api.post_json(&sandbox_path(&args.id, "/resume"), &serde_json::json!({}))?;
+    let body = match args.reboot {
+        true => serde_json::json!({"on_resume": "reboot"}),
+        false => serde_json::json!({}),
+    };
+    let view = api.post_json(&sandbox_path(&args.id, "/resume"), &body)?;
     print_state(&view, args.json)
 }
 

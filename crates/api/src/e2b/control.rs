@@ -535,7 +535,10 @@ async fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<(Sand
     let mut row = live_row(api, key, id)?;
     let resumed = row.state == airlock_store::State::Paused;
     if resumed {
-        api.daemon.resume(key, id).await?;
+        match body.memory {
+            Some(false) => api.daemon.reboot(key, id).await?,
+            _ => api.daemon.resume(key, id).await?,
+        }
         row = live_row(api, key, id)?;
     }
     if let Some(timeout) = timeout.filter(|t| !t.is_zero()) {

@@ -216,9 +216,10 @@ impl NewSandbox {
         let auto_resume = self
             .auto_resume_enabled()
             .is_some_and(|v| v.as_bool() == Some(true));
-        if auto_pause && self.auto_pause_memory == Some(false) {
+        let files_only = auto_pause && self.auto_pause_memory == Some(false);
+        if files_only && auto_resume {
             return Err(E2bError::bad_request(
-                "autoPauseMemory: false (a pause keeping only the filesystem) is not available on this airlock daemon yet; pause with memory",
+                "autoResume cannot be combined with autoPauseMemory: false: a sandbox paused keeping only its filesystem is resumed with connect",
             ));
         }
         if auto_resume && !auto_pause {
@@ -233,6 +234,7 @@ impl NewSandbox {
                 airlock_policy::OnTimeout::Kill
             },
             auto_resume,
+            files_only,
         };
         if is_set(&self.mcp) {
             return Err(E2bError::bad_request(
@@ -284,10 +286,13 @@ impl NewSandbox {
 
 /// `POST /sandboxes/{id}/connect` (ConnectSandbox), `…/resume`
 /// (ResumedSandbox) and `…/timeout` (SandboxTimeoutRequest): a timeout in
-/// seconds; the rest is accepted and ignored.
+/// seconds, and for connect whether a paused sandbox's memory is restored
+/// (`memory: false` is the SDK's `on_resume="reboot"`); the rest is
+/// accepted and ignored.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct TimeoutBody {
     pub timeout: Option<i64>,
+    pub memory: Option<bool>,
 }
 
 /// e2b's answer to create, connect and resume (`Sandbox`).
@@ -808,11 +813,12 @@ mod tests {
                 .as_u16(),
             400
         );
-        assert!(refused(
-            serde_json::json!({"templateID": "base", "autoPause": true, "autoPauseMemory": false})
-        )
-        .message
-        .contains("autoPauseMemory"));
+        assert!(
+            refused(serde_json::json!({"templateID": "base", "autoPause": true,
+            "autoPauseMemory": false, "autoResume": {"enabled": true}}))
+            .message
+            .contains("autoPauseMemory")
+        );
         assert!(refused(
             serde_json::json!({"templateID": "base", "autoResume": {"enabled": true}})
         )
@@ -829,6 +835,9 @@ mod tests {
             "autoResume": {"enabled": true}}));
         assert_eq!(paused.on_timeout, airlock_policy::OnTimeout::Pause);
         assert!(paused.auto_resume);
+        let files = lifecycle(serde_json::json!({"templateID": "base", "autoPause": true,
+            "autoPauseMemory": false}));
+        assert!(files.files_only && !files.auto_resume, "{files:?}");
         let plain = lifecycle(serde_json::json!({"templateID": "base", "autoPause": false}));
         assert_eq!(plain, airlock_policy::Lifecycle::default());
         assert!(
