@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// environment); default `<data-dir>/outputs`.
     #[arg(long, value_name = "URL")]
     outputs_store: Option<String>,
+    /// How long collected outputs are kept (e.g. 7d): the collector
+    /// deletes older ones.
+    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    outputs_ttl: Duration,
     /// Most bytes one collection of outputs copies (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     outputs_max_bytes: u64,
@@ -380,6 +384,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.snapshot_zstd_level = args.snapshot_zstd_level;
     config.outputs_store = args.outputs_store.clone();
     config.outputs_max_bytes = args.outputs_max_bytes;
+    config.outputs_ttl = args.outputs_ttl;
     config.snapshot_quota = airlock_store::SnapshotQuota {
         count: args.max_snapshots_per_key,
         bytes: args.max_snapshot_bytes_per_key,

@@ -92,9 +92,9 @@ fn outputs_of_a_timed_out_sandbox_reach_the_store_on_every_tier() {
 }
 
 #[test]
-fn outputs_are_collected_on_request_and_within_their_bound() {
+fn outputs_are_collected_on_request_within_their_bound_and_kept_for_their_ttl() {
     let _serial = serial();
-    let daemon = TestDaemon::start(&["--outputs-max-bytes", "1K"]);
+    let daemon = TestDaemon::start(&["--outputs-max-bytes", "1K", "--outputs-ttl", "3s"]);
     let id = id_of(&daemon.create(json!({})));
     daemon.sh_ok(
         &id,
@@ -126,4 +126,14 @@ fn outputs_are_collected_on_request_and_within_their_bound() {
     assert_eq!(gone.status, 409, "{}", gone.text());
     let unknown = daemon.call("POST", "/v1/sandboxes/sbx-0000000000000000/outputs", None);
     assert_eq!(unknown.status, 404, "{}", unknown.text());
+    // Kept for their TTL: a collection now leaves them, one after it
+    // deletes them.
+    let gc = daemon.call("POST", "/v1/gc", None);
+    assert_eq!(gc.status, 200, "{}", gc.text());
+    assert_eq!(gc.json()["outputs"], 0, "{}", gc.text());
+    assert!(dir.join("a.txt").exists());
+    std::thread::sleep(Duration::from_millis(3500));
+    let gc = daemon.call("POST", "/v1/gc", None);
+    assert_eq!(gc.json()["outputs"], 1, "{}", gc.text());
+    assert!(!dir.join("a.txt").exists(), "kept past its TTL");
 }

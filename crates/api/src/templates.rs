@@ -106,6 +106,8 @@ pub struct CollectedView {
     pub build_steps: usize,
     /// Snapshot archives no snapshot recorded.
     pub archives: usize,
+    /// Collected outputs past their TTL (`serve --outputs-ttl`).
+    pub outputs: usize,
 }
 
 /// Query of `POST /v1/gc`.
@@ -905,11 +907,13 @@ pub async fn collect_garbage(
         .map_err(|e| {
             airlock_daemon::DaemonError::Internal(format!("the collector failed: {e}"))
         })??;
+    let outputs = api.daemon.sweep_outputs().await?;
     Ok(Json(CollectedView {
         layers,
         abandoned,
         strays,
         build_steps,
         archives,
+        outputs,
     }))
 }

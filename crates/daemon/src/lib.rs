@@ -125,6 +125,9 @@ pub struct Config {
     pub outputs_store: Option<String>,
     /// Most bytes one collection of outputs copies.
     pub outputs_max_bytes: u64,
+    /// How long collected outputs are kept: the collector deletes older
+    /// ones, so the store does not grow without bound.
+    pub outputs_ttl: Duration,
 }
 
 /// What one API key may keep in snapshots unless the operator says
@@ -198,6 +201,7 @@ impl Config {
             max_files_only_paused: DEFAULT_MAX_FILES_ONLY_PAUSED,
             outputs_store: None,
             outputs_max_bytes: 1 << 30,
+            outputs_ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -18,6 +18,9 @@
 //! - **Record:** the audit event `outputs.collected` names the files (the
 //!   first [`AUDITED_FILES`]) with their sizes and SHA-256 digests and
 //!   where they went, or `outputs.failed` says why not.
+//! - **Retention:** files older than `outputs_ttl` (`serve --outputs-ttl`,
+//!   7 days by default) are deleted by the collector (and `POST /v1/gc`),
+//!   so what many sandboxes leave does not grow the store without bound.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,6 +129,26 @@ impl OutputStore {
     }
 }
 
+impl OutputStore {
+    /// Deletes every object under the store's prefix last written before
+    /// `cutoff_ms` (unix milliseconds); how many.
+    async fn sweep(&self, cutoff_ms: i64) -> Result<usize, object_store::Error> {
+        use futures_util::StreamExt;
+        let mut listing = self.store.list(Some(&self.prefix));
+        let mut removed = 0;
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            if meta.last_modified.timestamp_millis() < cutoff_ms {
+                match self.store.delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => removed += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
 /// One file copied.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct CollectedFile {
@@ -148,6 +171,19 @@ pub struct Collected {
 }
 
 impl Daemon {
+    /// Deletes collected outputs older than the configured TTL; how many
+    /// files went.
+    pub async fn sweep_outputs(&self) -> Result<usize, DaemonError> {
+        let ttl = i64::try_from(self.config().outputs_ttl.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = crate::audit::now_ms().saturating_sub(ttl);
+        self.inner.outputs.sweep(cutoff).await.map_err(|e| {
+            DaemonError::Internal(format!(
+                "sweeping the outputs store: {}",
+                airlock_backend::error_chain(&e)
+            ))
+        })
+    }
+
     /// Copies the outputs of running sandbox `id` (which `key` may see) now.
     pub async fn collect_outputs(
         &self,

@@ -580,6 +580,11 @@ impl Daemon {
                 Ok(Err(e)) => tracing::warn!("collecting the layer store: {e}"),
                 Err(e) => tracing::error!("the layer collector failed: {e}"),
             }
+            match self.sweep_outputs().await {
+                Ok(0) => {}
+                Ok(removed) => tracing::info!(removed, "swept outputs past their TTL"),
+                Err(e) => tracing::warn!("{e}"),
+            }
             tokio::time::sleep(every).await;
         }
     }
