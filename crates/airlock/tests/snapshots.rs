@@ -532,9 +532,35 @@ fn a_files_only_pause_keeps_files_ends_processes_and_survives_a_restart_on_every
             Some(json!({"on_resume": "later"})),
         );
         assert_eq!(bad.status, 400, "{}", bad.text());
+        // Paused files-only, it can be snapshotted and forked: its layers
+        // are its state already (no new layer, no archive).
+        step_ok(&daemon, &id, "pause", files.clone());
+        let taken = daemon.call("POST", &format!("/v1/sandboxes/{id}/snapshots"), None);
+        assert_eq!(taken.status, 201, "{tier}: {}", taken.text());
+        let snap = id_of(&taken.json());
+        assert_eq!(taken.json()["archive_bytes"], 0, "{}", taken.text());
+        let child = id_of(&daemon.create(json!({"template": snap, "tier": tier})));
+        cleanup.add(&child);
+        let forked = daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/fork"),
+            Some(json!({"count": 1})),
+        );
+        assert_eq!(forked.status, 201, "{tier}: {}", forked.text());
+        let twin = id_of(&forked.json()["items"][0]["sandbox"]);
+        cleanup.add(&twin);
+        for copy in [&child, &twin] {
+            assert_eq!(
+                daemon.sh_ok(copy, "cat /home/user/first /home/user/second /tmp/log"),
+                "first\nsecond\none\ntwo\n",
+                "{tier}"
+            );
+            daemon.call("DELETE", &format!("/v1/sandboxes/{copy}"), None);
+        }
+        assert_eq!(state_of(&daemon, &id), "paused", "{tier}");
+        daemon.call("DELETE", &format!("/v1/snapshots/{snap}"), None);
         // Deleted while paused files-only: recorded dead, and its layers
         // go at the next collection.
-        step_ok(&daemon, &id, "pause", files.clone());
         let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
         assert!(deleted.status < 300, "{}", deleted.text());
         assert_eq!(state_of(&daemon, &id), "dead");

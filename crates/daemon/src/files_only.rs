@@ -379,11 +379,7 @@ impl Daemon {
             .with_store(|s| s.get_key(&row.owner_key_id))
             .ok()
             .flatten()?;
-        let resolved = self.resolve_template_for(&owner, &row.template).ok()?;
-        layers
-            .starts_with(&resolved.layers)
-            .then(|| crate::startup::Startup::of(&resolved.config))
-            .flatten()
+        crate::startup::Startup::of(&self.start_config_of(&owner, row, &layers))
     }
 
     /// Ends sandbox `row`, paused keeping only its files and not being

@@ -13,7 +13,10 @@
 //! - **Consistency.** A running sandbox is frozen (its tier's memory-mode
 //!   pause) while its layer is read, and thawed after, so the snapshot is
 //!   one instant of its files; a paused one stays as it is. Pause, resume,
-//!   stop and other snapshots of it wait meanwhile.
+//!   stop and other snapshots of it wait meanwhile. One paused keeping
+//!   only its files ([`crate::files_only`]) is its layers already: its
+//!   snapshots and forks stack them as they are, with no new layer and
+//!   no archive.
 //! - **Memory.** No tier here captures processes or memory into a
 //!   snapshot: sandboxes created from one start fresh processes on its
 //!   files (the template's start command runs again).
@@ -85,6 +88,24 @@ pub struct ForkRequest {
     pub count: u32,
     /// Each child's lifetime.
     pub timeout_ms: u64,
+}
+
+/// What a snapshot or a fork is taken of.
+enum Source {
+    /// A live sandbox: its writable layer is frozen into one more layer.
+    Live(Arc<LiveSandbox>),
+    /// One paused keeping only its files (see [`crate::files_only`]):
+    /// the layers it runs on are its whole state already.
+    Files(SandboxSpec),
+}
+
+impl Source {
+    fn spec(&self) -> &SandboxSpec {
+        match self {
+            Source::Live(sandbox) => &sandbox.spec,
+            Source::Files(spec) => spec,
+        }
+    }
 }
 
 /// A sandbox's writable layer, frozen into the layer store and recorded.
@@ -285,15 +306,23 @@ impl Daemon {
         result
     }
 
-    /// The live sandbox `id` that `key` may see, its record and the
-    /// layers it runs on; 409 for one whose template is not layered.
+    /// The sandbox `id` that `key` may see, its record and the layers it
+    /// runs on; 409 for one whose template is not layered.
     fn layered(
         &self,
         key: &KeyRow,
         id: &str,
-    ) -> Result<(Arc<LiveSandbox>, SandboxRow, Vec<String>), DaemonError> {
+    ) -> Result<(Source, SandboxRow, Vec<String>), DaemonError> {
         let row = self.get(key, id)?;
         let Some(sandbox) = self.live_sandbox(id) else {
+            if row.is_paused_files_only() {
+                let spec: SandboxSpec = serde_json::from_str(&row.spec_json).map_err(|e| {
+                    DaemonError::Internal(format!("the recorded spec of {id} is unreadable: {e}"))
+                })?;
+                if let Some(layers) = spec_layers(&spec) {
+                    return Ok((Source::Files(spec), row, layers));
+                }
+            }
             return Err(DaemonError::NotRunning(id.to_owned()));
         };
         let Some(layers) = spec_layers(&sandbox.spec) else {
@@ -309,15 +338,45 @@ impl Daemon {
                 airlock_policy::MAX_LAYERS - 1
             )));
         }
-        Ok((sandbox, row, layers))
+        Ok((Source::Live(sandbox), row, layers))
     }
 
     /// The start configuration of the template sandbox `row` was made
-    /// from, if it still has the same layers (else none).
-    fn start_config_of(&self, key: &KeyRow, row: &SandboxRow, layers: &[String]) -> ImageConfig {
+    /// from, if it still has the layers `layers` starts with (the rest
+    /// are what its files-only pauses froze), else none.
+    pub(crate) fn start_config_of(
+        &self,
+        key: &KeyRow,
+        row: &SandboxRow,
+        layers: &[String],
+    ) -> ImageConfig {
         match self.resolve_template_for(key, &row.template) {
-            Ok(resolved) if resolved.layers == layers => resolved.config,
+            Ok(resolved) if layers.starts_with(&resolved.layers) => resolved.config,
             _ => ImageConfig::default(),
+        }
+    }
+
+    /// Freezes what `source` changed of `layers` into one more layer (a
+    /// live sandbox, made still for it, with `archive` written too), or
+    /// takes its layers as they are (one paused keeping only its files:
+    /// they are its state already, and it has no archive).
+    async fn freeze_source<'a>(
+        &'a self,
+        source: &'a Source,
+        archive: Option<(std::fs::File, i32)>,
+    ) -> Result<FrozenLayer<'a>, DaemonError> {
+        match source {
+            Source::Live(sandbox) => {
+                self.while_still(sandbox, |daemon, sandbox| {
+                    daemon.freeze_layer(sandbox, archive)
+                })
+                .await
+            }
+            Source::Files(_) => Ok(FrozenLayer {
+                layer: None,
+                archived: None,
+                _using: self.inner.layers_lock.read().await,
+            }),
         }
     }
 
@@ -341,7 +400,7 @@ impl Daemon {
                 )));
             }
         }
-        let (sandbox, row, layers) = self.layered(key, id)?;
+        let (source, row, layers) = self.layered(key, id)?;
         // Refused before the work when the key is at its quota already (the
         // store refuses again, counting this snapshot's bytes, at the end).
         let quota = self.config().snapshot_quota;
@@ -362,9 +421,7 @@ impl Daemon {
         let level = self.config().snapshot_zstd_level;
         let started = Instant::now();
         let frozen = self
-            .while_still(&sandbox, |daemon, sandbox| {
-                daemon.freeze_layer(sandbox, Some((file, level)))
-            })
+            .freeze_source(&source, Some((file, level)))
             .await
             .inspect_err(|_| {
                 let _ = std::fs::remove_file(&partial);
@@ -388,7 +445,7 @@ impl Daemon {
                     owner_key_id: key.id.clone(),
                     sandbox_id: id.to_owned(),
                     template: row.template.clone(),
-                    tier: sandbox.spec.tier.as_str().to_owned(),
+                    tier: source.spec().tier.as_str().to_owned(),
                     config: serde_json::to_value(&config).unwrap_or_else(|_| json!({})),
                     layers: stack,
                     entries,
@@ -414,9 +471,15 @@ impl Daemon {
             }
         };
         let archive = self.snapshot_archive(&recorded.id);
-        std::fs::rename(&partial, &archive).map_err(|e| {
-            DaemonError::Internal(format!("cannot keep {}: {e}", archive.display()))
-        })?;
+        if archived.is_some() {
+            std::fs::rename(&partial, &archive).map_err(|e| {
+                DaemonError::Internal(format!("cannot keep {}: {e}", archive.display()))
+            })?;
+        } else {
+            let _ = std::fs::remove_file(&partial);
+            // A name taken again: its earlier archive is not this one's.
+            let _ = std::fs::remove_file(&archive);
+        }
         self.inner.audit.record(
             Stream::Runtime,
             "sandbox.snapshot",
@@ -570,13 +633,9 @@ impl Daemon {
                 max / 1000
             )));
         }
-        let (sandbox, row, layers) = self.layered(key, id)?;
+        let (source, row, layers) = self.layered(key, id)?;
         let started = Instant::now();
-        let frozen = self
-            .while_still(&sandbox, |daemon, sandbox| {
-                daemon.freeze_layer(sandbox, None)
-            })
-            .await?;
+        let frozen = self.freeze_source(&source, None).await?;
         let mut stack = layers.clone();
         // Held while the children are created, then dropped: they hold it.
         let holder = match &frozen.layer {
@@ -591,7 +650,7 @@ impl Daemon {
                             owner_key_id: key.id.clone(),
                             sandbox_id: id.to_owned(),
                             template: row.template.clone(),
-                            tier: sandbox.spec.tier.as_str().to_owned(),
+                            tier: source.spec().tier.as_str().to_owned(),
                             config: json!({}),
                             layers: stack.clone(),
                             entries: diff.entries,
@@ -615,7 +674,7 @@ impl Daemon {
         let children = match self.layer_paths(&format!("the fork of {id}"), &stack) {
             Ok(paths) => {
                 let config = self.start_config_of(key, &row, &layers);
-                let mut spec = sandbox.spec.clone();
+                let mut spec = source.spec().clone();
                 spec.template = Template::Layers { layers: paths };
                 spec.timeout_ms = request.timeout_ms;
                 let creates = (0..request.count).map(|_| {
