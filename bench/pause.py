@@ -7,9 +7,11 @@
 - the raw peer: the same cgroup v1 freezer written by hand (FROZEN, wait,
   THAWED) around a shell of the same busy loop in a cgroup of its own;
 - per tier, a pause keeping only the files (`mode: filesystem`) of a
-  sandbox of a busybox template that wrote 1 MiB, and the resume that
-  boots it again with its first exec, against a cold create + first exec
-  of the same template (the raw peer of a boot).
+  sandbox of a busybox template that wrote 1 MiB before the first
+  (warm-up) cycle (later cycles freeze only what changed since their
+  resume), and the resume that boots it again with its first exec,
+  against a cold create + first exec of the same template (the raw peer
+  of a boot).
 
 Target: resume <= 20 ms at p50 on every tier. Needs root, runsc and runc
 (./scripts/deps). Usage:
@@ -172,10 +174,6 @@ def main():
               f"  resume p50 {resume:7.2f} ms p99 {s['resume']['p99_ms']:7.2f}"
               f"  first exec after {s['first_exec']['p50_ms']:6.2f} ms"
               f"  (target resume <= {TARGET_RESUME_MS:.0f} ms) {verdict(resume <= TARGET_RESUME_MS)}")
-
-
-if __name__ == "__main__":
-    main()
     print("  files only (busybox template, 1 MiB written): resume boots it again")
     for t, s in res["files_only"].items():
         boot = s["resume_first_exec"]["p50_ms"]
@@ -183,3 +181,7 @@ if __name__ == "__main__":
         print(f"  {t:<8} pause p50 {s['pause']['p50_ms']:7.2f} ms p99 {s['pause']['p99_ms']:7.2f}"
               f"  resume + first exec p50 {boot:7.2f} ms p99 {s['resume_first_exec']['p99_ms']:7.2f}"
               f"  cold create + first exec p50 {cold:7.2f} ms  ratio {boot / max(cold, 1e-6):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
