@@ -600,6 +600,13 @@ fn a_timeout_that_pauses_files_only_frees_the_host_and_connect_boots_it_again() 
         "{}",
         state_of(&daemon, &id)
     );
+    // The pause at the timeout is recorded first and torn down after (the
+    // reaper's task does both): once its supervisor is gone, nothing of it
+    // is left.
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || supervisors(&id).is_empty()),
+        "the supervisor of {id} outlived its files-only pause"
+    );
     assert_sandbox_gone(&id);
     // One is this key's most: another such pause is refused, and that
     // sandbox runs on.

@@ -108,6 +108,9 @@ impl Daemon {
     /// Pauses live sandbox `id` (running, or paused with its memory)
     /// keeping only its files (see the module doc).
     pub(crate) async fn pause_files_only(&self, id: &str) -> Result<(), DaemonError> {
+        // No resume boots it again while what it ran is still being torn
+        // down (the same id would be started beside it).
+        let _resuming = self.inner.resuming.lock(id).await;
         let Some(sandbox) = self.live_sandbox(id) else {
             let row = self.recorded(id)?;
             return Err(if row.is_paused_files_only() {
