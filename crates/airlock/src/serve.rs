@@ -89,6 +89,16 @@ pub struct ServeArgs {
     /// Largest file upload (e.g. 1G).
     #[arg(long, default_value = "1G", value_parser = parse_size)]
     max_upload: u64,
+    /// The quota of a named volume whose create names none (e.g. 1G).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    volume_size: u64,
+    /// The largest quota a named volume may have (e.g. 64G); they are
+    /// subvolumes of the disk store, whose size bounds them all together.
+    #[arg(long, default_value = "64G", value_parser = parse_size)]
+    max_volume_size: u64,
+    /// How many named volumes one API key may keep.
+    #[arg(long, default_value_t = 100)]
+    max_volumes_per_key: u64,
     /// Where sandboxes' writable layers live: `disk` (a quota per sandbox
     /// on the disk store) or `memory` (a tmpfs counted against the
     /// sandbox's memory limit).
@@ -391,6 +401,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.max_files_only_paused = args.max_files_only_paused_per_key;
     config.max_upload_bytes = args.max_upload;
+    config.volume_default_bytes = args.volume_size;
+    config.volume_max_bytes = args.max_volume_size;
+    config.max_volumes_per_key = args.max_volumes_per_key;
     config.max_image_bytes = args.max_image;
     config.registries = std::sync::Arc::new(registries(&args)?);
     config.egress_hosts = args.egress_host.clone();

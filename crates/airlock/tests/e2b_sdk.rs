@@ -40,6 +40,7 @@ const PYTHON_SUITES: &[&str] = &[
     "test_code_interpreter.py",
     "test_pty.py",
     "test_network.py",
+    "test_volumes.py",
 ];
 
 /// The pytest files that build templates (the Template SDK): they run
@@ -52,6 +53,10 @@ const TEMPLATE_SUITES: &[&str] = &["test_template_build.py", "test_snapshots.py"
 
 /// The `node --test` files of `tests/e2b-js/` that run.
 const JS_SUITES: &[&str] = &["core.test.mjs"];
+
+/// The `node --test` files that run on the template suites' daemon (a
+/// filesystem pause needs `base` to be a real template).
+const JS_TEMPLATE_SUITES: &[&str] = &["state.test.mjs"];
 
 /// Arguments of every pytest run: stop at the first failure, quietly.
 /// `AIRLOCK_E2B_PYTEST_ARGS` replaces them (e.g. `-q -rA` to run every test
@@ -90,12 +95,13 @@ const VENVS: &[Venv] = &[
         // E2B_SANDBOX_URL (see scripts/deps); e2b 2.7.0 has no `network`
         // option and no `update_network`; its Template SDK is an older wire
         // (the latest venv builds templates); it has no snapshot or fork
-        // methods.
+        // methods, and no volumes.
         skip: &[
             "test_code_interpreter.py",
             "test_network.py",
             "test_template_build.py",
             "test_snapshots.py",
+            "test_volumes.py",
         ],
     },
 ];
@@ -116,6 +122,8 @@ fn e2b_env(command: &mut Command, daemon: &TestDaemon) {
     command
         .env("E2B_API_URL", &daemon.url)
         .env("E2B_SANDBOX_URL", &daemon.url)
+        // Volumes' content calls go here (they never read E2B_API_URL).
+        .env("E2B_VOLUME_API_URL", &daemon.url)
         .env("E2B_API_KEY", &daemon.key)
         .env("NO_COLOR", "1")
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -342,8 +350,11 @@ fn pytest_against(daemon: &TestDaemon, venv: &Venv, suite: &str) -> Result<(), F
     result.map_err(Failed::from)
 }
 
-/// One `node --test` file.
-fn node(shared: &Shared, suite: &str) -> Result<(), Failed> {
+/// One `node --test` file, against the daemon `daemon` gives.
+fn node<'a>(
+    daemon: impl FnOnce() -> Result<&'a TestDaemon, Failed>,
+    suite: &str,
+) -> Result<(), Failed> {
     if !Path::new(JS_DIR)
         .join("node_modules/e2b/package.json")
         .exists()
@@ -353,16 +364,16 @@ fn node(shared: &Shared, suite: &str) -> Result<(), Failed> {
         )
         .into());
     }
-    let setup = shared.get()?;
+    let daemon = daemon()?;
     let mut command = Command::new("node");
     command
         .args(["--test", "--test-reporter=spec"])
         .arg(suite)
         .env("E2B_JS_DIR", JS_DIR)
         .current_dir(js_dir());
-    e2b_env(&mut command, &setup.daemon);
-    let result = run(&setup.daemon, &format!("node --test {suite}"), command);
-    setup.daemon.delete_all();
+    e2b_env(&mut command, daemon);
+    let result = run(daemon, &format!("node --test {suite}"), command);
+    daemon.delete_all();
     result.map_err(Failed::from)
 }
 
@@ -392,7 +403,13 @@ fn main() {
     for &suite in JS_SUITES {
         let shared = Arc::clone(&shared);
         trials.push(Trial::test(format!("js::{suite}"), move || {
-            node(&shared, suite)
+            node(|| Ok(&shared.get()?.daemon), suite)
+        }));
+    }
+    for &suite in JS_TEMPLATE_SUITES {
+        let builder = Arc::clone(&builder);
+        trials.push(Trial::test(format!("js::{suite}"), move || {
+            node(|| builder.get(), suite)
         }));
     }
     let conclusion = libtest_mimic::run(&args, trials);

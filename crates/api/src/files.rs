@@ -52,6 +52,23 @@ pub async fn read_file(
         .into_response())
 }
 
+/// 413 for an upload whose declared length is over `limit` (one that
+/// declares none is cut off at it as it streams).
+pub(crate) fn within_upload_limit(headers: &HeaderMap, limit: u64) -> Result<()> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("the upload is larger than the limit of {limit} bytes"),
+        ));
+    }
+    Ok(())
+}
+
 /// Uploads a file (streamed; parents created; appears whole or not at all).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), WriteParams),
@@ -74,17 +91,7 @@ pub async fn write_file(
     caller.may_use(&api.daemon, &id)?;
     let params = query(params)?;
     let limit = api.daemon.config().max_upload_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("the upload is larger than the limit of {limit} bytes"),
-        ));
-    }
+    within_upload_limit(&headers, limit)?;
     let mode = match params.mode.as_deref() {
         None => None,
         Some(text) => Some(

@@ -23,6 +23,7 @@ pub mod server;
 mod snapshots;
 mod templates;
 pub mod types;
+mod volumes;
 
 use airlock_daemon::Daemon;
 use airlock_store::Stream;
@@ -98,6 +99,7 @@ pub struct RequestId(pub String);
         (name = "templates", description = "Templates and the layer store"),
         (name = "snapshots", description = "Snapshots and forks of sandboxes"),
         (name = "pools", description = "Warm pools of started sandboxes (admin)"),
+        (name = "volumes", description = "Named volumes that outlive sandboxes"),
         (name = "operations", description = "Health and metrics"),
     )
 )]
@@ -176,6 +178,15 @@ fn parts(api: Api) -> (Router, utoipa::openapi::OpenApi) {
             pools::set_pool,
             pools::delete_pool
         ))
+        .routes(routes!(volumes::create_volume, volumes::list_volumes))
+        .routes(routes!(volumes::get_volume, volumes::delete_volume))
+        .routes(routes!(volumes::list_dir, volumes::make_dir))
+        .routes(routes!(volumes::read_file, volumes::write_file))
+        .routes(routes!(
+            volumes::stat_path,
+            volumes::set_metadata,
+            volumes::remove_path
+        ))
         .routes(routes!(native::get_network, native::set_network))
         .routes(routes!(native::exec))
         .routes(routes!(native::list_processes))
@@ -251,6 +262,9 @@ pub fn router(daemon: Daemon) -> Router {
 fn is_streamed_upload(request: &Request) -> bool {
     let path = request.uri().path();
     (request.method() == axum::http::Method::PUT && path.ends_with("/files"))
+        || (request.method() == axum::http::Method::PUT
+            && path.starts_with("/v1/volumes/")
+            && path.ends_with("/file"))
         || (request.method() == axum::http::Method::POST
             && path.starts_with("/v1/templates/")
             && (path.ends_with("/import") || path.ends_with("/build")))

@@ -25,7 +25,7 @@ pub enum Size {
 }
 
 impl Size {
-    fn bytes(&self, field: &str) -> Result<u64, String> {
+    pub(crate) fn bytes(&self, field: &str) -> Result<u64, String> {
         match self {
             Size::Bytes(n) => Ok(*n),
             Size::Text(text) => parse_size(text).map_err(|e| format!("{field}: {e}")),
@@ -53,6 +53,30 @@ pub struct LimitsInput {
     pub pids: Option<u32>,
     /// Private writable space (default 1G; counts against memory).
     pub disk: Option<Size>,
+}
+
+/// A named volume to mount into the sandbox.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeInput {
+    /// The volume's id or name.
+    pub name: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Mounted read-only (default false).
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+impl VolumeInput {
+    /// The daemon's form of it.
+    pub fn request(&self) -> airlock_daemon::volumes::VolumeRequest {
+        airlock_daemon::volumes::VolumeRequest {
+            volume: self.name.clone(),
+            target: self.path.clone(),
+            read_only: self.read_only,
+        }
+    }
 }
 
 /// A host directory to bind into the sandbox (only under the roots the
@@ -176,6 +200,8 @@ pub struct CreateSandbox {
     /// Free-form labels, for filtering.
     pub metadata: Option<BTreeMap<String, String>>,
     pub mounts: Option<Vec<MountInput>>,
+    /// Named volumes to mount (`POST /v1/volumes`), by id or name.
+    pub volumes: Option<Vec<VolumeInput>>,
     pub network: Option<NetworkInput>,
     /// Default working directory.
     pub cwd: Option<String>,
@@ -205,7 +231,14 @@ impl CreateSandbox {
         let resolved = daemon.resolve_template_for(owner, &template)?;
         let user_given = self.user.is_some();
         let tier_given = self.tier.is_some();
+        let volumes: Vec<_> = self
+            .volumes
+            .iter()
+            .flatten()
+            .map(VolumeInput::request)
+            .collect();
         let (mut spec, metadata) = self.into_spec(daemon).map_err(ApiError::bad_request)?;
+        spec.volumes = daemon.volume_mounts(owner, &volumes)?;
         if !tier_given {
             spec.tier = daemon.default_tier_of(&template, &resolved);
         }

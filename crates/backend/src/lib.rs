@@ -15,6 +15,7 @@
 //! it.
 
 pub mod process;
+pub mod volumes;
 
 use airlock_policy::{SandboxSpec, Tier};
 use airlock_protocol::AgentClient;

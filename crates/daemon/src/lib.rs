@@ -33,6 +33,8 @@ pub mod startup;
 pub mod templates;
 pub mod tiers;
 pub mod tokens;
+pub mod volume_files;
+pub mod volumes;
 
 use airlock_backend::{Backend, Resources};
 use airlock_core::{Admission, AdmissionLimits, LiveLease, Rejected, State};
@@ -128,6 +130,12 @@ pub struct Config {
     /// How long collected outputs are kept: the collector deletes older
     /// ones, so the store does not grow without bound.
     pub outputs_ttl: Duration,
+    /// The quota of a volume whose create names none, bytes.
+    pub volume_default_bytes: u64,
+    /// The largest quota a volume may have, bytes.
+    pub volume_max_bytes: u64,
+    /// How many volumes one API key may keep.
+    pub max_volumes_per_key: u64,
 }
 
 /// What one API key may keep in snapshots unless the operator says
@@ -202,6 +210,9 @@ impl Config {
             outputs_store: None,
             outputs_max_bytes: 1 << 30,
             outputs_ttl: Duration::from_secs(7 * 24 * 3600),
+            volume_default_bytes: 1 << 30,
+            volume_max_bytes: 64 << 30,
+            max_volumes_per_key: 100,
         }
     }
 }
@@ -292,6 +303,8 @@ impl From<StoreError> for DaemonError {
         match e {
             StoreError::InvalidCursor => DaemonError::BadInput("the cursor is not valid".into()),
             StoreError::SnapshotQuota(exceeded) => DaemonError::QuotaExceeded(exceeded.to_string()),
+            e @ StoreError::VolumeQuota(_) => DaemonError::QuotaExceeded(e.to_string()),
+            e @ StoreError::InUse { .. } => DaemonError::Conflict(e.to_string()),
             StoreError::InvalidLimit { .. } => {
                 DaemonError::BadInput("limit must be between 1 and 1000".into())
             }

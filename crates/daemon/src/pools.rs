@@ -134,9 +134,10 @@ pub(crate) struct Class {
 
 impl Class {
     /// The class of a create's spec; `None` for one no member can serve
-    /// (it binds host directories).
+    /// (it binds host directories or mounts volumes, which only a start
+    /// can attach).
     pub(crate) fn of(spec: &SandboxSpec) -> Option<Class> {
-        if !spec.mounts.is_empty() {
+        if !spec.mounts.is_empty() || !spec.volumes.is_empty() {
             return None;
         }
         Some(Class {

@@ -158,6 +158,7 @@ impl Daemon {
             report.stopped_unrecorded.extend(found.stopped);
             report.removed.extend(found.removed);
         }
+        self.sweep_volumes();
         report
     }
 

@@ -209,7 +209,10 @@ impl Daemon {
         if self.config().disk_store.is_some() {
             request.spec.limits.layer = airlock_policy::LayerBacking::Disk;
         }
-        if let Err(e) = self.check_request(&request.spec) {
+        if let Err(e) = self
+            .check_request(&request.spec)
+            .and_then(|()| self.check_volumes(owner, &request.spec.volumes))
+        {
             self.inner.audit.record(
                 Stream::Security,
                 "sandbox.refused",

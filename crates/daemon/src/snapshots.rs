@@ -96,7 +96,7 @@ enum Source {
     Live(Arc<LiveSandbox>),
     /// One paused keeping only its files (see [`crate::files_only`]):
     /// the layers it runs on are its whole state already.
-    Files(SandboxSpec),
+    Files(Box<SandboxSpec>),
 }
 
 impl Source {
@@ -320,7 +320,7 @@ impl Daemon {
                     DaemonError::Internal(format!("the recorded spec of {id} is unreadable: {e}"))
                 })?;
                 if let Some(layers) = spec_layers(&spec) {
-                    return Ok((Source::Files(spec), row, layers));
+                    return Ok((Source::Files(Box::new(spec)), row, layers));
                 }
             }
             return Err(DaemonError::NotRunning(id.to_owned()));

@@ -96,6 +96,15 @@ impl TokenKey {
         self.derive("tt_", &message)
     }
 
+    /// The content token of volume `id`: what e2b's SDKs send as a bearer
+    /// token to the volume content API. It opens that one volume's files
+    /// only, so it is derived apart from sandboxes' tokens.
+    pub fn volume_token_for(&self, id: &str) -> String {
+        let mut message = b"volume\0".to_vec();
+        message.extend_from_slice(id.as_bytes());
+        self.derive("vt_", &message)
+    }
+
     /// `prefix` + hex(HMAC-SHA256(key, message)).
     fn derive(&self, prefix: &str, message: &[u8]) -> String {
         let mut mac = match Hmac::<Sha256>::new_from_slice(&self.key) {

@@ -19,6 +19,9 @@
 //! Layers live at `<disk>/sandboxes/<id>`. [`DiskStore::remove`] is
 //! idempotent, and [`DiskStore::ids`] lists what is there so a starting
 //! daemon can remove the layers of sandboxes it has no record of.
+//!
+//! Named volumes, which outlive sandboxes, are subvolumes of the same
+//! store under their own quota, at `<disk>/volumes/<id>`.
 
 use std::fs::File;
 use std::io;
@@ -77,7 +80,7 @@ pub enum DiskError {
         program: &'static str,
         stderr: String,
     },
-    #[error("`{0}` is not a sandbox id")]
+    #[error("`{0}` is not a sandbox or volume id")]
     BadId(String),
 }
 
@@ -181,54 +184,7 @@ impl DiskStore {
         if !crate::launch::is_sandbox_id(id) {
             return Err(DiskError::BadId(id.to_owned()));
         }
-        let parent = File::open(self.sandboxes()).map_err(io_error("open the disk store"))?;
-        let mut args = VolArgs {
-            fd: 0,
-            name: [0; 4088],
-        };
-        args.name[..id.len()].copy_from_slice(id.as_bytes());
-        // SAFETY: the ioctl reads a `struct btrfs_ioctl_vol_args` (`args`,
-        // live and of that layout, its name NUL-terminated by the zeroed
-        // rest) on the directory `parent`, which we hold open.
-        let made = unsafe { libc::ioctl(parent.as_raw_fd(), SUBVOL_CREATE as _, &args) };
-        if made != 0 {
-            return Err(DiskError::Io {
-                what: "create a sandbox's writable layer (a btrfs subvolume)",
-                source: io::Error::last_os_error(),
-            });
-        }
-        let path = self.path(id);
-        let layer = File::open(&path).map_err(io_error("open a sandbox's writable layer"))?;
-        let limit = QgroupLimitArgs {
-            // 0: the subvolume `layer` is in.
-            qgroupid: 0,
-            flags: LIMIT_MAX_RFER,
-            max_rfer: bytes,
-            max_excl: 0,
-            rsv_rfer: 0,
-            rsv_excl: 0,
-        };
-        // SAFETY: the ioctl reads a `struct btrfs_ioctl_qgroup_limit_args`
-        // (`limit`, live and of that layout) for the subvolume of `layer`.
-        let limited = unsafe { libc::ioctl(layer.as_raw_fd(), QGROUP_LIMIT as _, &limit) };
-        if limited != 0 {
-            let source = io::Error::last_os_error();
-            let _ = self.remove(id);
-            return Err(DiskError::Io {
-                what: "limit a sandbox's writable layer (btrfs quotas)",
-                source,
-            });
-        }
-        let id_owner = Some(rustix::fs::Uid::from_raw(owner));
-        let gid_owner = Some(rustix::fs::Gid::from_raw(owner));
-        if let Err(e) = rustix::fs::fchown(&layer, id_owner, gid_owner) {
-            let _ = self.remove(id);
-            return Err(DiskError::Io {
-                what: "hand a sandbox its writable layer",
-                source: e.into(),
-            });
-        }
-        Ok(path)
+        make_subvolume(&self.sandboxes(), id, bytes, owner)
     }
 
     /// Removes the writable layer of sandbox `id` and everything in it;
@@ -237,62 +193,167 @@ impl DiskStore {
         if !crate::launch::is_sandbox_id(id) {
             return Err(DiskError::BadId(id.to_owned()));
         }
-        let parent = match File::open(self.sandboxes()) {
-            Ok(parent) => parent,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io_error("open the disk store")(e)),
-        };
-        let mut args = VolArgs {
-            fd: 0,
-            name: [0; 4088],
-        };
-        args.name[..id.len()].copy_from_slice(id.as_bytes());
-        let mut busy = 0;
-        let source = loop {
-            // SAFETY: as in `create`: a live `struct btrfs_ioctl_vol_args`
-            // with a NUL-terminated name, on the directory `parent`.
-            let removed = unsafe { libc::ioctl(parent.as_raw_fd(), SNAP_DESTROY as _, &args) };
-            if removed == 0 {
-                return Ok(());
-            }
-            let error = io::Error::last_os_error();
-            // Still mounted in the namespace of a sandbox whose last
-            // process is just gone: the kernel lets go of it shortly.
-            if error.raw_os_error() == Some(libc::EBUSY) && busy < BUSY_TRIES {
-                busy += 1;
-                std::thread::sleep(std::time::Duration::from_millis(50));
-                continue;
-            }
-            break error;
-        };
-        match source.raw_os_error() {
-            Some(libc::ENOENT) => Ok(()),
-            // Not a subvolume (made by hand, or a half-made layer): a
-            // plain directory tree.
-            Some(libc::EINVAL) | Some(libc::ENOTTY) => match std::fs::remove_dir_all(self.path(id))
-            {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(io_error("remove a sandbox's writable layer")(e)),
-            },
-            _ => Err(DiskError::Io {
-                what: "remove a sandbox's writable layer",
-                source,
-            }),
+        destroy_subvolume(&self.sandboxes(), id)
+    }
+
+    fn volumes(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+
+    /// Where the files of volume `id` are.
+    pub fn volume_path(&self, id: &str) -> PathBuf {
+        self.volumes().join(id)
+    }
+
+    /// Makes volume `id`: a subvolume holding at most `bytes`, its root
+    /// directory owned by uid and gid `owner` as sandboxes see them (a
+    /// volume keeps sandbox ids, not host ones: each tier maps them).
+    pub fn create_volume(&self, id: &str, bytes: u64, owner: u32) -> Result<PathBuf, DiskError> {
+        if !is_volume_id(id) {
+            return Err(DiskError::BadId(id.to_owned()));
         }
+        std::fs::create_dir_all(self.volumes()).map_err(io_error("create the volume store"))?;
+        make_subvolume(&self.volumes(), id, bytes, owner)
+    }
+
+    /// Removes volume `id` and its files; one that is not there is not an
+    /// error.
+    pub fn remove_volume(&self, id: &str) -> Result<(), DiskError> {
+        if !is_volume_id(id) {
+            return Err(DiskError::BadId(id.to_owned()));
+        }
+        destroy_subvolume(&self.volumes(), id)
+    }
+
+    /// The ids of the volumes here.
+    pub fn volume_ids(&self) -> Vec<String> {
+        list_ids(&self.volumes(), is_volume_id)
     }
 
     /// The sandbox ids that have a writable layer here.
     pub fn ids(&self) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(self.sandboxes()) else {
-            return Vec::new();
-        };
-        let mut ids: Vec<String> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| crate::launch::is_sandbox_id(name))
-            .collect();
-        ids.sort();
-        ids
+        list_ids(&self.sandboxes(), crate::launch::is_sandbox_id)
+    }
+}
+
+/// Whether `id` is a volume's: `vol-` and 1 to 32 lowercase hex digits.
+pub fn is_volume_id(id: &str) -> bool {
+    id.strip_prefix("vol-").is_some_and(|hex| {
+        (1..=32).contains(&hex.len())
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+fn list_ids(dir: &Path, valid: fn(&str) -> bool) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| valid(name))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Makes subvolume `name` in `dir` holding at most `bytes`, its root owned
+/// by `owner` with mode 0755.
+fn make_subvolume(dir: &Path, name: &str, bytes: u64, owner: u32) -> Result<PathBuf, DiskError> {
+    let parent = File::open(dir).map_err(io_error("open the disk store"))?;
+    let mut args = VolArgs {
+        fd: 0,
+        name: [0; 4088],
+    };
+    args.name[..name.len()].copy_from_slice(name.as_bytes());
+    // SAFETY: the ioctl reads a `struct btrfs_ioctl_vol_args` (`args`,
+    // live and of that layout, its name NUL-terminated by the zeroed
+    // rest) on the directory `parent`, which we hold open.
+    let made = unsafe { libc::ioctl(parent.as_raw_fd(), SUBVOL_CREATE as _, &args) };
+    if made != 0 {
+        return Err(DiskError::Io {
+            what: "create a btrfs subvolume (a writable layer or a volume)",
+            source: io::Error::last_os_error(),
+        });
+    }
+    let path = dir.join(name);
+    let undo = |what: &'static str, source: io::Error| {
+        let _ = destroy_subvolume(dir, name);
+        DiskError::Io { what, source }
+    };
+    let made = File::open(&path).map_err(|e| undo("open a new subvolume", e))?;
+    let limit = QgroupLimitArgs {
+        // 0: the subvolume `made` is in.
+        qgroupid: 0,
+        flags: LIMIT_MAX_RFER,
+        max_rfer: bytes,
+        max_excl: 0,
+        rsv_rfer: 0,
+        rsv_excl: 0,
+    };
+    // SAFETY: the ioctl reads a `struct btrfs_ioctl_qgroup_limit_args`
+    // (`limit`, live and of that layout) for the subvolume of `made`.
+    let limited = unsafe { libc::ioctl(made.as_raw_fd(), QGROUP_LIMIT as _, &limit) };
+    if limited != 0 {
+        return Err(undo(
+            "limit a subvolume (btrfs quotas)",
+            io::Error::last_os_error(),
+        ));
+    }
+    let id_owner = Some(rustix::fs::Uid::from_raw(owner));
+    let gid_owner = Some(rustix::fs::Gid::from_raw(owner));
+    if let Err(e) = rustix::fs::fchown(&made, id_owner, gid_owner) {
+        return Err(undo("hand over a new subvolume", e.into()));
+    }
+    Ok(path)
+}
+
+/// Removes subvolume `name` in `dir` and everything in it; one that is not
+/// there is not an error.
+fn destroy_subvolume(dir: &Path, name: &str) -> Result<(), DiskError> {
+    let parent = match File::open(dir) {
+        Ok(parent) => parent,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("open the disk store")(e)),
+    };
+    let mut args = VolArgs {
+        fd: 0,
+        name: [0; 4088],
+    };
+    args.name[..name.len()].copy_from_slice(name.as_bytes());
+    let mut busy = 0;
+    let source = loop {
+        // SAFETY: as in `make_subvolume`: a live `struct
+        // btrfs_ioctl_vol_args` with a NUL-terminated name, on the
+        // directory `parent`.
+        let removed = unsafe { libc::ioctl(parent.as_raw_fd(), SNAP_DESTROY as _, &args) };
+        if removed == 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        // Still mounted in the namespace of a sandbox whose last
+        // process is just gone: the kernel lets go of it shortly.
+        if error.raw_os_error() == Some(libc::EBUSY) && busy < BUSY_TRIES {
+            busy += 1;
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        break error;
+    };
+    match source.raw_os_error() {
+        Some(libc::ENOENT) => Ok(()),
+        // Not a subvolume (made by hand, or a half-made one): a plain
+        // directory tree.
+        Some(libc::EINVAL) | Some(libc::ENOTTY) => match std::fs::remove_dir_all(dir.join(name)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error("remove a subvolume")(e)),
+        },
+        _ => Err(DiskError::Io {
+            what: "remove a subvolume",
+            source,
+        }),
     }
 }

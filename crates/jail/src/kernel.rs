@@ -73,6 +73,8 @@ pub struct RootDir {
     /// its root there): what the setup makes is owned by `base + id` for
     /// the id the sandbox should see. 0 when the setup runs inside it.
     owner_base: u32,
+    /// Detached mounts [`RootfsSys::attach_tree`] attaches, each once.
+    trees: Vec<Option<OwnedFd>>,
 }
 
 impl RootDir {
@@ -90,7 +92,15 @@ impl RootDir {
             root,
             sources,
             owner_base: 0,
+            trees: Vec::new(),
         })
+    }
+
+    /// The same root, given the detached mounts the plan's
+    /// [`crate::rootfs::SetupOp::AttachTree`] steps attach, by index.
+    pub fn with_trees(mut self, trees: Vec<OwnedFd>) -> RootDir {
+        self.trees = trees.into_iter().map(Some).collect();
+        self
     }
 
     /// The same root, whose sandbox sees host id `base + n` as `n`: what the
@@ -377,6 +387,29 @@ impl RootfsSys for RootDir {
         }
         self.remount(path, read_only, flags)
             .map_err(fail("remount", path))
+    }
+
+    fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), SetupError> {
+        let tree = self
+            .trees
+            .get_mut(tree)
+            .and_then(Option::take)
+            .ok_or(Errno::BADF)
+            .map_err(fail("find the mount to attach at", path))?;
+        self.mkdir_all(path)
+            .map_err(fail("create mount point", path))?;
+        let target = self
+            .resolve(path, OFlags::PATH | OFlags::DIRECTORY)
+            .map_err(fail("open mount point", path))?;
+        rustix::mount::move_mount(
+            &tree,
+            "",
+            &target,
+            "",
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH
+                | rustix::mount::MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+        .map_err(fail("attach", path))
     }
 
     fn mount_fs(

@@ -23,7 +23,7 @@ use crate::kernel::{raw_mount, HostSources, RootDir};
 use crate::rootfs::{self, HostEntry, HostFacts, NodeKind, RootfsPlan, SHARED_ETC, SYSTEM_ENTRIES};
 use crate::runtime::{RuntimeDir, RuntimeError, Slot, SlotRecord, UIDS_PER_SANDBOX};
 use crate::{landlock as ll, seccomp};
-use airlock_policy::{LayerBacking, SandboxSpec, SpecError, Template};
+use airlock_policy::{LayerBacking, SandboxSpec, SpecError, Template, VolumeMount};
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
@@ -94,6 +94,9 @@ pub fn check_launchable(id: &str, spec: &SandboxSpec) -> Result<(), LaunchError>
         if mount.source.symlink_metadata().is_err() {
             return Err(LaunchError::MountSourceMissing(mount.source.clone()));
         }
+    }
+    if let Some(missing) = spec.volumes.iter().find(|v| !v.source.is_dir()) {
+        return Err(LaunchError::MountSourceMissing(missing.source.clone()));
     }
     Ok(())
 }
@@ -167,6 +170,9 @@ struct ChildContext<'a> {
     /// Layers to stack (`Template::Layers`): how many arrive on
     /// `layer_channel`, bottom first, as idmapped mounts.
     layers: usize,
+    /// Volumes to attach: how many idmapped mounts arrive on
+    /// `layer_channel` after the layers, in the spec's order.
+    volumes: usize,
     layer_channel: Option<OwnedFd>,
     /// The writable layer on disk (a directory of the disk store, owned by
     /// the sandbox's root) bound on the stage; `None` for a tmpfs.
@@ -321,7 +327,7 @@ impl Jail {
             Template::Layers { layers } => layers,
             _ => &[],
         };
-        let (layers_host, layers_child) = if layers.is_empty() {
+        let (layers_host, layers_child) = if layers.is_empty() && spec.volumes.is_empty() {
             (None, None)
         } else {
             let (host, child) =
@@ -341,6 +347,7 @@ impl Jail {
             stage: runtime.stage(),
             template_dir,
             layers: layers.len(),
+            volumes: spec.volumes.len(),
             layer_channel: layers_child,
             upper,
             disk_bytes: spec.limits.writable_layer_bytes(),
@@ -414,7 +421,7 @@ impl Jail {
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
         write_id_maps(pid as i32, base)?;
         if let Some(channel) = &layers_host {
-            send_layers(pid as i32, layers, channel)?;
+            send_layers(pid as i32, layers, &spec.volumes, channel)?;
         }
         release(go_write, "start the sandbox init")?;
         // Without the v1 shortcut the child is moved now. That waits for an
@@ -524,11 +531,19 @@ const LAYERS_PER_MESSAGE: usize = 64;
 /// user namespace of the sandbox init `pid` (so a file the image gives uid
 /// 0 is seen by the sandbox as its own root, without a copy of the layer
 /// per sandbox), read-only, nosuid and nodev; and sends them, bottom first,
-/// to the init, which attaches them under its stage and stacks them.
-fn send_layers(pid: i32, layers: &[PathBuf], channel: &UnixStream) -> Result<(), LaunchError> {
+/// to the init, which attaches them under its stage and stacks them. The
+/// volumes' mounts (idmapped the same way, writable unless read-only)
+/// follow, for the init to attach where the plan says.
+fn send_layers(
+    pid: i32,
+    layers: &[PathBuf],
+    volumes: &[VolumeMount],
+    channel: &UnixStream,
+) -> Result<(), LaunchError> {
     let userns = fs::File::open(format!("/proc/{pid}/ns/user"))
         .map_err(|e| LaunchError::Io("open the sandbox's user namespace", e))?;
-    let mounts = clone_layers(layers, Some(&userns))?;
+    let mut mounts = clone_layers(layers, Some(&userns))?;
+    mounts.extend(clone_volumes(volumes, Some(&userns))?);
     for chunk in mounts.chunks(LAYERS_PER_MESSAGE) {
         let fds: Vec<rustix::fd::BorrowedFd<'_>> =
             chunk.iter().map(rustix::fd::AsFd::as_fd).collect();
@@ -639,51 +654,74 @@ pub fn clone_layers(
     layers: &[PathBuf],
     userns: Option<&fs::File>,
 ) -> Result<Vec<OwnedFd>, LaunchError> {
+    layers
+        .iter()
+        .map(|layer| clone_tree(layer, userns, true))
+        .collect()
+}
+
+/// Clones each volume's directory as a detached mount, nosuid and nodev,
+/// read-only where the mount says so, idmapped through `userns` when one
+/// is given: the volume keeps the ids the sandbox sees (uid 1000 is
+/// `user` in every sandbox), whatever host range this sandbox maps.
+pub fn clone_volumes(
+    volumes: &[VolumeMount],
+    userns: Option<&fs::File>,
+) -> Result<Vec<OwnedFd>, LaunchError> {
+    volumes
+        .iter()
+        .map(|volume| clone_tree(&volume.source, userns, volume.read_only))
+        .collect()
+}
+
+fn clone_tree(
+    path: &Path,
+    userns: Option<&fs::File>,
+    read_only: bool,
+) -> Result<OwnedFd, LaunchError> {
     use rustix::mount::{open_tree, OpenTreeFlags};
     let idmap = if userns.is_some() {
         libc::MOUNT_ATTR_IDMAP
     } else {
         0
     };
-    let mut mounts = Vec::with_capacity(layers.len());
-    for layer in layers {
-        let tree = open_tree(
-            rustix::fs::CWD,
-            layer.as_path(),
-            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    let tree = open_tree(
+        rustix::fs::CWD,
+        path,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(|e| LaunchError::Io("clone a layer's or volume's mount", e.into()))?;
+    let read_only = if read_only {
+        libc::MOUNT_ATTR_RDONLY
+    } else {
+        0
+    };
+    let attr = libc::mount_attr {
+        attr_set: idmap | read_only | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |ns| ns.as_raw_fd() as u64),
+    };
+    // SAFETY: mount_setattr reads `attr` (a live, initialized struct of
+    // the size passed) and acts on the detached mount `tree`, which we
+    // own; the empty path with AT_EMPTY_PATH names `tree` itself.
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
-        .map_err(|e| LaunchError::Io("clone a template layer's mount", e.into()))?;
-        let attr = libc::mount_attr {
-            attr_set: idmap
-                | libc::MOUNT_ATTR_RDONLY
-                | libc::MOUNT_ATTR_NOSUID
-                | libc::MOUNT_ATTR_NODEV,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: userns.map_or(0, |ns| ns.as_raw_fd() as u64),
-        };
-        // SAFETY: mount_setattr reads `attr` (a live, initialized struct of
-        // the size passed) and acts on the detached mount `tree`, which we
-        // own; the empty path with AT_EMPTY_PATH names `tree` itself.
-        let set = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                tree.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH,
-                &attr as *const libc::mount_attr,
-                std::mem::size_of::<libc::mount_attr>(),
-            )
-        };
-        if set != 0 {
-            return Err(LaunchError::Io(
-                "idmap a template layer (needs a kernel with idmapped mounts, 5.12+, on the store's file system)",
-                io::Error::last_os_error(),
-            ));
-        }
-        mounts.push(tree);
+    };
+    if set != 0 {
+        return Err(LaunchError::Io(
+            "idmap a layer or volume (needs a kernel with idmapped mounts, 5.12+, on the store's file system)",
+            io::Error::last_os_error(),
+        ));
     }
-    Ok(mounts)
+    Ok(tree)
 }
 
 /// The init's side of [`send_layers`]: `count` mounts, bottom first.
@@ -994,10 +1032,11 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         host_paths.push(upper);
     }
     let sources = step("open host paths", HostSources::open(host_paths))?;
-    let layers = match &context.layer_channel {
-        Some(channel) => receive_layers(channel, context.layers)?,
+    let mut layers = match &context.layer_channel {
+        Some(channel) => receive_layers(channel, context.layers + context.volumes)?,
         None => Vec::new(),
     };
+    let volumes = layers.split_off(context.layers);
     step("setgroups", rustix::thread::set_thread_groups(&[Gid::ROOT]))?;
     step(
         "setresgid",
@@ -1051,7 +1090,8 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
     let mut root = step(
         "open the new root",
         RootDir::open(Path::new(&new_root), sources),
-    )?;
+    )?
+    .with_trees(volumes);
     step(
         "build the root filesystem",
         rootfs::apply(context.rootfs, &mut root),

@@ -68,6 +68,9 @@ pub enum SetupOp {
         read_only: bool,
         flags: Flags,
     },
+    /// Attaches the detached mount `tree` the launcher handed over (a
+    /// volume's, in the spec's order), creating the mount point.
+    AttachTree { path: String, tree: usize },
     /// Mounts a tmpfs with the given options.
     Tmpfs {
         path: String,
@@ -362,6 +365,15 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
             writable.push(mount.target.clone());
         }
     }
+    for (tree, volume) in spec.volumes.iter().enumerate() {
+        ops.push(SetupOp::AttachTree {
+            path: volume.target.trim_start_matches('/').to_owned(),
+            tree,
+        });
+        if !volume.read_only {
+            writable.push(volume.target.clone());
+        }
+    }
 
     ops.push(mkdir("proc", 0o555, 0));
     ops.push(SetupOp::Proc {
@@ -451,6 +463,7 @@ pub fn guest_plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> Root
         SetupOp::Mkdir { path, .. } => !kernels(path),
         SetupOp::Tmpfs { path, .. }
         | SetupOp::BindHost { path, .. }
+        | SetupOp::AttachTree { path, .. }
         | SetupOp::Symlink { path, .. }
         | SetupOp::MaskFile { path }
         | SetupOp::ReadOnly { path }
@@ -520,6 +533,9 @@ pub trait RootfsSys {
         read_only: bool,
         flags: Flags,
     ) -> Result<(), Self::Error>;
+    /// Attaches the `tree`th detached mount the setup was given at `path`,
+    /// creating the directory first.
+    fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), Self::Error>;
     fn mount_fs(
         &mut self,
         fstype: &str,
@@ -560,6 +576,7 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                 read_only,
                 flags,
             } => sys.bind_host(source, path, *kind, *read_only, *flags)?,
+            SetupOp::AttachTree { path, tree } => sys.attach_tree(path, *tree)?,
             SetupOp::Tmpfs {
                 path,
                 options,
@@ -666,6 +683,10 @@ mod tests {
                 .push(format!("bind {} {path} ro={ro}", source.display()));
             Ok(())
         }
+        fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), ()> {
+            self.calls.push(format!("attach {tree} {path}"));
+            Ok(())
+        }
         fn mount_fs(&mut self, fstype: &str, path: &str, _o: &str, _f: Flags) -> Result<(), ()> {
             self.calls.push(format!("mount {fstype} {path}"));
             Ok(())
@@ -742,6 +763,38 @@ mod tests {
             .writable
             .iter()
             .any(|w| w == "/" || w == "/usr" || w == "/etc"));
+    }
+
+    #[test]
+    fn volumes_attach_in_order_after_the_dirs_and_only_writable_ones_are_writable() {
+        let mut spec = SandboxSpec::default();
+        for (target, read_only) in [("/home/user/data", false), ("/mnt/shared", true)] {
+            spec.volumes.push(airlock_policy::VolumeMount {
+                volume: "vol-1".into(),
+                source: "/srv/disk/volumes/vol-1".into(),
+                target: target.into(),
+                read_only,
+            });
+        }
+        let plan = plan(&spec, &facts(), "sbx-1");
+        let mut rec = Recorder::default();
+        apply(&plan, &mut rec).unwrap();
+        let calls = &rec.calls;
+        assert!(
+            position(calls, "mkdir home/user 755 1000")
+                < position(calls, "attach 0 home/user/data")
+        );
+        assert!(
+            position(calls, "attach 0 home/user/data") < position(calls, "attach 1 mnt/shared")
+        );
+        assert!(plan.writable.contains(&"/home/user/data".to_string()));
+        assert!(!plan.writable.contains(&"/mnt/shared".to_string()));
+        // A guest kernel's plan attaches them too.
+        let guest = guest_plan(&spec, &facts(), "sbx-1");
+        assert!(guest
+            .ops
+            .iter()
+            .any(|op| matches!(op, SetupOp::AttachTree { tree: 1, .. })));
     }
 
     #[test]
@@ -880,6 +933,7 @@ mod tests {
                 SetupOp::Mkdir { path, .. }
                 | SetupOp::Tmpfs { path, .. }
                 | SetupOp::BindHost { path, .. }
+                | SetupOp::AttachTree { path, .. }
                 | SetupOp::Symlink { path, .. }
                 | SetupOp::MaskFile { path }
                 | SetupOp::ReadOnly { path }

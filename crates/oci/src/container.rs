@@ -406,10 +406,13 @@ impl Container {
             HostSources::open(host_paths).map_err(|e| ContainerError::Root(e.to_string()))?;
         let id_map = match owner {
             0 => None,
-            base if !layers.is_empty() => Some(launch::mapping_userns(base)?),
+            base if !layers.is_empty() || !spec.volumes.is_empty() => {
+                Some(launch::mapping_userns(base)?)
+            }
             _ => None,
         };
         let layers = launch::clone_layers(layers, id_map.as_ref())?;
+        let volumes = launch::clone_volumes(&spec.volumes, id_map.as_ref())?;
         drop(id_map);
         let link = |path: Option<&Path>| path.and_then(|p| sources.link(p));
         let stage = self.stage.to_string_lossy().into_owned();
@@ -427,7 +430,8 @@ impl Container {
         .map_err(ContainerError::Root)?;
         let mut dir = RootDir::open(Path::new(&root), sources)
             .map_err(|e| ContainerError::Root(e.to_string()))?
-            .owned_from(owner);
+            .owned_from(owner)
+            .with_trees(volumes);
         rootfs::apply(&plan, &mut dir).map_err(|e| ContainerError::Root(e.to_string()))?;
         Ok((root, plan.writable))
     }

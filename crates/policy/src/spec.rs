@@ -45,6 +45,9 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Host directories or files made visible inside.
     pub mounts: Vec<BindMount>,
+    /// Named volumes mounted inside (see [`VolumeMount`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
     /// What the sandbox may reach on the network.
     pub network: NetworkPolicy,
     /// The environment of every process; nothing is inherited from the host.
@@ -99,6 +102,7 @@ impl Default for SandboxSpec {
             tier: Tier::Process,
             limits: Limits::default(),
             mounts: Vec::new(),
+            volumes: Vec::new(),
             network: NetworkPolicy::None,
             env: BTreeMap::new(),
             user: RunAs::User,
@@ -235,6 +239,24 @@ pub struct BindMount {
     pub read_only: bool,
 }
 
+/// A named volume mounted into the sandbox: a directory of the daemon's
+/// disk store that outlives sandboxes. Its files keep the owners the
+/// sandbox gives them (uid 1000 is `user` in every sandbox it is mounted
+/// in, whatever host ids the tier maps), and it holds at most its quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    /// The volume's id.
+    pub volume: String,
+    /// Where its files are on the host (the daemon fills it in).
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: String,
+    /// Mounted read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
 impl BindMount {
     /// Parses the CLI form `HOST:SANDBOX[:ro|:rw]`.
     pub fn parse(text: &str) -> Result<BindMount, SpecError> {
@@ -330,6 +352,8 @@ pub enum SpecError {
     MountTargetReserved(String, &'static str),
     #[error("mount target `{0}` is given twice")]
     MountTargetDuplicate(String),
+    #[error("{0} volumes are mounted; a sandbox may mount at most 16")]
+    TooManyVolumes(usize),
     #[error("environment variable name `{0}` is empty or contains `=` or NUL")]
     EnvName(String),
     #[error("environment variable `{0}` has a NUL byte in its value")]
@@ -412,6 +436,19 @@ impl SandboxSpec {
             }
             seen.push(mount.target.as_str());
         }
+        if self.volumes.len() > MAX_VOLUMES {
+            return Err(SpecError::TooManyVolumes(self.volumes.len()));
+        }
+        for volume in &self.volumes {
+            if !volume.source.is_absolute() {
+                return Err(SpecError::MountSourceNotAbsolute(volume.source.clone()));
+            }
+            check_target(&volume.target)?;
+            if seen.contains(&volume.target.as_str()) {
+                return Err(SpecError::MountTargetDuplicate(volume.target.clone()));
+            }
+            seen.push(volume.target.as_str());
+        }
         for (name, value) in &self.env {
             if name.is_empty() || name.contains('=') || name.contains('\0') {
                 return Err(SpecError::EnvName(name.clone()));
@@ -475,21 +512,28 @@ impl BindMount {
         if !self.source.is_absolute() {
             return Err(SpecError::MountSourceNotAbsolute(self.source.clone()));
         }
-        let target = &self.target;
-        let invalid = || SpecError::MountTargetInvalid(target.clone());
-        if !is_normalized_absolute(target) || target == "/" {
-            return Err(invalid());
-        }
-        for reserved in RESERVED_TARGETS {
-            let under = target
-                .strip_prefix(reserved)
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
-            if under || reserved.starts_with(&format!("{target}/")) {
-                return Err(SpecError::MountTargetReserved(target.clone(), reserved));
-            }
-        }
-        Ok(())
+        check_target(&self.target)
     }
+}
+
+/// Most volumes one sandbox may mount.
+pub const MAX_VOLUMES: usize = 16;
+
+/// Whether `target` is a place a mount may go: a normalized absolute path
+/// other than `/`, neither under nor above a reserved directory.
+pub fn check_target(target: &str) -> Result<(), SpecError> {
+    if !is_normalized_absolute(target) || target == "/" {
+        return Err(SpecError::MountTargetInvalid(target.to_owned()));
+    }
+    for reserved in RESERVED_TARGETS {
+        let under = target
+            .strip_prefix(reserved)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'));
+        if under || reserved.starts_with(&format!("{target}/")) {
+            return Err(SpecError::MountTargetReserved(target.to_owned(), reserved));
+        }
+    }
+    Ok(())
 }
 
 /// True for `/a/b` forms: absolute, no `.`/`..`, no empty components, no NUL.

@@ -18,6 +18,8 @@ pub enum Entity {
     Snapshot,
     /// A row of `pools`.
     Pool,
+    /// A row of `volumes`.
+    Volume,
 }
 
 impl fmt::Display for Entity {
@@ -29,6 +31,7 @@ impl fmt::Display for Entity {
             Entity::Layer => "layer",
             Entity::Snapshot => "snapshot",
             Entity::Pool => "pool",
+            Entity::Volume => "volume",
         })
     }
 }
@@ -77,12 +80,26 @@ pub enum StoreError {
         /// The id that collided.
         id: String,
     },
+    /// The record is still used by a sandbox that is not dead.
+    #[error("{kind} {id} is mounted by sandbox {user}")]
+    InUse {
+        /// The table.
+        kind: Entity,
+        /// The record.
+        id: String,
+        /// One sandbox that uses it.
+        user: String,
+    },
     /// A new sandbox names an owner key that is not in the store.
     #[error("the owner API key {0} does not exist")]
     UnknownOwner(String),
     /// A new snapshot would take its owner past its quota.
     #[error("{0}")]
     SnapshotQuota(crate::SnapshotQuotaExceeded),
+    /// A new volume would take its owner past the most volumes a key may
+    /// keep.
+    #[error("a key may keep at most {0} volumes; delete one first")]
+    VolumeQuota(u64),
     /// A pagination cursor was not one this store handed out.
     #[error("the pagination cursor is malformed")]
     InvalidCursor,

@@ -43,6 +43,7 @@ mod secret;
 mod snapshots;
 mod templates;
 mod types;
+mod volumes;
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -66,6 +67,7 @@ pub use types::{
     EventRow, KeyRow, ListQuery, NewEvent, NewSandbox, Page, ParseEnumError, SandboxRow, State,
     Stream,
 };
+pub use volumes::{new_volume_id, VolumeRow};
 
 /// How long a write waits for another connection's write to finish before
 /// failing with `SQLITE_BUSY`.

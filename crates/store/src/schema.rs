@@ -10,7 +10,7 @@ use crate::StoreError;
 
 /// Every migration, in order. The database's `user_version` is the number of
 /// entries applied so far.
-pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+pub(crate) const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Version 1: sandboxes, API keys, events.
 ///
@@ -212,6 +212,19 @@ CREATE TABLE pools (
 
 INSERT INTO api_keys (id, name, hash, is_admin, created_at)
 VALUES ('key-pool', 'warm pool members (internal)', randomblob(32), 0, 0);
+"#;
+
+/// Version 8: named volumes, a tenant's directories that outlive its
+/// sandboxes. Which sandboxes mount one is in their specs (`volumes`).
+const V8: &str = r#"
+CREATE TABLE volumes (
+    id            TEXT    PRIMARY KEY NOT NULL CHECK (id GLOB 'vol-*'),
+    name          TEXT    NOT NULL CHECK (length(name) BETWEEN 1 AND 128),
+    owner_key_id  TEXT    NOT NULL,
+    quota_bytes   INTEGER NOT NULL CHECK (quota_bytes > 0),
+    created_at    INTEGER NOT NULL,
+    UNIQUE (owner_key_id, name)
+) STRICT;
 "#;
 
 /// Brings the database up to `migrations.len()`, applying the missing

@@ -36,6 +36,7 @@ mod snapshots;
 pub(crate) mod templates;
 #[cfg(test)]
 mod testing;
+mod volumes;
 
 use clap::Subcommand;
 use std::process::ExitCode;
@@ -77,6 +78,9 @@ pub enum ClientCommand {
     /// Keep sandboxes of a template started ahead (warm pools, admin).
     #[command(subcommand)]
     Pool(pools::PoolCommand),
+    /// Make, list and remove named volumes, which outlive sandboxes.
+    #[command(subcommand)]
+    Volume(volumes::VolumeCommand),
     /// Show a sandbox's audit events.
     Logs(sandboxes::LogsArgs),
     /// Show a sandbox's network policy, or replace it while it runs
@@ -138,6 +142,7 @@ pub fn main(command: ClientCommand) -> ExitCode {
         ClientCommand::Snapshot(command) => snapshots::main(&command),
         ClientCommand::Fork(args) => snapshots::fork(&args),
         ClientCommand::Pool(command) => pools::main(&command),
+        ClientCommand::Volume(command) => volumes::main(&command),
         ClientCommand::Logs(args) => sandboxes::logs(&args),
         ClientCommand::Network(args) => sandboxes::network(&args),
         ClientCommand::Template(command) => templates::main(&command),

@@ -48,6 +48,10 @@ pub struct CreateArgs {
     /// Metadata to tag the sandbox with (repeatable); `ls --meta` filters on it.
     #[arg(long = "meta", value_name = "K=V", value_parser = parse_kv)]
     meta: Vec<(String, String)>,
+    /// Mount a named volume (`airlock volume create`): `NAME:/path`, or
+    /// `NAME:/path:ro` read-only (repeatable).
+    #[arg(long = "volume", short = 'v', value_name = "NAME:PATH[:ro]", value_parser = parse_volume)]
+    volumes: Vec<(String, String, bool)>,
     #[command(flatten)]
     net: NetArgs,
     /// Print the daemon's whole answer as JSON, including the sandbox's
@@ -215,6 +219,14 @@ fn create_body(args: &CreateArgs) -> Value {
     if !args.meta.is_empty() {
         body.insert("metadata".into(), object(&args.meta));
     }
+    if !args.volumes.is_empty() {
+        let volumes = args
+            .volumes
+            .iter()
+            .map(|(name, path, read_only)| json!({"name": name, "path": path, "read_only": read_only}))
+            .collect();
+        body.insert("volumes".into(), Value::Array(volumes));
+    }
     if args.net.given() {
         // The policy's own serialization is the API's `network` shape.
         let network = args.net.policy();
@@ -224,6 +236,26 @@ fn create_body(args: &CreateArgs) -> Value {
         );
     }
     Value::Object(body)
+}
+
+/// `NAME:/path[:ro|:rw]`.
+fn parse_volume(text: &str) -> Result<(String, String, bool), String> {
+    let bad = || format!("{text:?} is not NAME:/path[:ro]");
+    let mut parts = text.split(':');
+    let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(bad)?;
+    let path = parts
+        .next()
+        .filter(|p| p.starts_with('/'))
+        .ok_or_else(bad)?;
+    let read_only = match parts.next() {
+        None | Some("rw") => false,
+        Some("ro") => true,
+        Some(_) => return Err(bad()),
+    };
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok((name.to_owned(), path.to_owned(), read_only))
 }
 
 fn object(pairs: &[(String, String)]) -> Value {
@@ -582,6 +614,7 @@ mod tests {
             timeout: Some(600),
             env: vec![("A".into(), "1".into())],
             meta: vec![("owner".into(), "me".into())],
+            volumes: vec![("data".into(), "/mnt/data".into(), true)],
             net: NetArgs::default(),
             json: false,
             conn: connection(super::super::http::DEFAULT_URL),
@@ -589,8 +622,16 @@ mod tests {
         assert_eq!(
             create_body(&args),
             json!({"tier": "gvisor", "timeout_s": 600, "limits": {"memory": "256M", "cpus": 0.5},
-                   "env": {"A": "1"}, "metadata": {"owner": "me"}})
+                   "env": {"A": "1"}, "metadata": {"owner": "me"},
+                   "volumes": [{"name": "data", "path": "/mnt/data", "read_only": true}]})
         );
+        assert_eq!(
+            parse_volume("v:/a").unwrap(),
+            ("v".into(), "/a".into(), false)
+        );
+        for bad in ["v", ":/a", "v:a", "v:/a:x", "v:/a:ro:1"] {
+            assert!(parse_volume(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -606,6 +647,7 @@ mod tests {
                 timeout: None,
                 env: vec![],
                 meta: vec![],
+                volumes: vec![],
                 net,
                 json: false,
                 conn: connection(super::super::http::DEFAULT_URL),

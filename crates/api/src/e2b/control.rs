@@ -16,6 +16,7 @@
 //! | `GET /sandboxes/{id}/metrics`, `GET /sandboxes/metrics?sandbox_ids` | 200 `[SandboxMetric]`, `{"sandboxes": {id: SandboxMetric}}` |
 //! | `PUT /sandboxes/{id}/network` | 204; the policy replaced (409 for a sandbox created without network) |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `POST /sandboxes/{id}/fork` | see [`snapshots`] |
+//! | `POST /volumes`, `GET /volumes`, `GET|DELETE /volumes/{id}` | see [`super::volumes`] |
 //! | refreshes, logs | 501 after the sandbox is found |
 //!
 //! A sandbox that was killed, timed out or died is gone, as on e2b: every
@@ -151,6 +152,14 @@ pub fn router(api: Api, builds: std::sync::Arc<builds::Builds>) -> Router {
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
+        .route(
+            "/volumes",
+            post(super::volumes::create).get(super::volumes::list),
+        )
+        .route(
+            "/volumes/{id}",
+            get(super::volumes::get_one).delete(super::volumes::delete),
+        )
         .route("/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/sandboxes/{id}/refreshes", post(not_served))
         .route("/sandboxes/{id}/logs", get(not_served))

@@ -20,6 +20,7 @@
 
 pub mod control;
 pub mod sandbox;
+pub mod volumes;
 
 use crate::Api;
 use axum::extract::{Request, State};
@@ -43,6 +44,7 @@ pub fn is_control_path(path: &str) -> bool {
         "/v2/templates",
         "/v3/templates",
         "/snapshots",
+        "/volumes",
     ]
     .iter()
     .any(|prefix| path == *prefix || path.starts_with(&format!("{prefix}/")))
@@ -64,6 +66,7 @@ pub struct Routers {
     control: Router,
     upload: Router,
     sandbox: Router,
+    volumes: Router,
     daemon: airlock_daemon::Daemon,
     api: Api,
 }
@@ -78,6 +81,7 @@ impl Routers {
             control: control::router(api.clone(), std::sync::Arc::clone(&builds)),
             upload: control::upload_router(api.clone(), builds),
             sandbox: sandbox::router(api.clone()),
+            volumes: volumes::content_router(api.clone()),
             daemon: api.daemon.clone(),
             api,
         }
@@ -99,6 +103,13 @@ pub async fn demux(State(routers): State<Routers>, request: Request, next: Next)
             return crate::closing(response);
         }
         return response;
+    }
+    // A volume's files: streamed, authorised by the volume's token.
+    if volumes::is_content_path(request.uri().path()) {
+        return match routers.volumes.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
     }
     // Control paths first: some SDK versions also send `E2b-Sandbox-Id` on
     // control-plane calls such as `POST /sandboxes/{id}/connect`.

@@ -151,8 +151,15 @@ pub struct NewSandbox {
     pub mcp: Option<Value>,
     /// Workload identity: not available.
     pub iam: Option<Value>,
-    /// Persistent volumes: not available.
-    pub volume_mounts: Option<Vec<Value>>,
+    /// Named volumes (`POST /volumes`) to mount, by name.
+    pub volume_mounts: Option<Vec<VolumeMountWire>>,
+}
+
+/// `SandboxVolumeMount`: a volume by name, and where it is mounted.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct VolumeMountWire {
+    pub name: String,
+    pub path: String,
 }
 
 /// Whether an optional JSON value asks for something (not null, `{}`, `[]`).
@@ -246,11 +253,6 @@ impl NewSandbox {
                 "iam: workload identity is not available on this airlock daemon",
             ));
         }
-        if self.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-            return Err(E2bError::bad_request(
-                "volumeMounts: volumes are not available on this airlock daemon",
-            ));
-        }
         let network = network_input(
             self.allow_internet_access,
             self.network.as_ref(),
@@ -270,6 +272,16 @@ impl NewSandbox {
             metadata: self.metadata.clone(),
             network: Some(network),
             lifecycle: Some(lifecycle),
+            volumes: self.volume_mounts.as_ref().map(|mounts| {
+                mounts
+                    .iter()
+                    .map(|m| crate::types::VolumeInput {
+                        name: m.name.clone(),
+                        path: m.path.clone(),
+                        read_only: false,
+                    })
+                    .collect()
+            }),
             ..CreateSandbox::default()
         })
     }
@@ -845,11 +857,12 @@ mod tests {
                 .message
                 .contains("MCP")
         );
-        assert!(refused(
-            serde_json::json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]})
+        let body: NewSandbox = serde_json::from_value(
+            serde_json::json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}),
         )
-        .message
-        .contains("volumes"));
+        .unwrap();
+        let volumes = body.to_native("host", 300, 86_400, false).unwrap().volumes;
+        assert_eq!(volumes.unwrap()[0].name, "v");
         // Denying egress is what happens anyway.
         let body: NewSandbox = serde_json::from_value(serde_json::json!({
             "templateID": "base", "allow_internet_access": false,
