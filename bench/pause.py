@@ -6,6 +6,11 @@
   p50/p99;
 - the raw peer: the same cgroup v1 freezer written by hand (FROZEN, wait,
   THAWED) around a shell of the same busy loop in a cgroup of its own;
+- gvisor's pause that saves the sandbox's memory to disk (`runsc
+  checkpoint`, the daemon's default there: a paused sandbox holds no RAM)
+  and the resume that restores it, with a python3 process holding 64 MiB,
+  p50/p99, against a cold create + first exec on the same tier, and the
+  host memory (PSS) the sandbox holds running and paused;
 - per tier, a pause keeping only the files (`mode: filesystem`) of a
   sandbox of a busybox template that wrote 1 MiB before the first
   (warm-up) cycle (later cycles freeze only what changed since their
@@ -13,7 +18,8 @@
   against a cold create + first exec of the same template (the raw peer
   of a boot).
 
-Target: resume <= 20 ms at p50 on every tier. Needs root, runsc and runc
+Target: resume <= 20 ms at p50 on every tier, from the freezer (the tier
+rows run a daemon serving `--gvisor-pause freeze`). Needs root, runsc and runc
 (./scripts/deps). Usage:
     python3 bench/pause.py [--airlock PATH] [-n 30] [--json]
 """
@@ -64,6 +70,16 @@ def tier_cycles(client, tier, n):
     return {"pause": summary(pause), "resume": summary(resume), "first_exec": summary(first)}
 
 
+def cold_start(client, body):
+    """Seconds of a cold create + first exec (the sandbox is deleted after)."""
+    t0 = time.monotonic()
+    other = client.create(body)
+    client.exec_true(other)
+    took = time.monotonic() - t0
+    client.delete(other)
+    return took
+
+
 def files_only_cycles(client, tier, n):
     """Files-only pause, then resume + first exec, against cold create +
     first exec of the same template."""
@@ -80,10 +96,7 @@ def files_only_cycles(client, tier, n):
         call(client, f"/v1/sandboxes/{sid}/resume")
         client.exec_true(sid)
         t2 = time.monotonic()
-        other = client.create({"template": "bb", "tier": tier})
-        client.exec_true(other)
-        t3 = time.monotonic()
-        client.delete(other)
+        t3 = t2 + cold_start(client, {"template": "bb", "tier": tier})
         if i >= 2:
             pause.append(t1 - t0)
             boot.append(t2 - t1)
@@ -91,6 +104,62 @@ def files_only_cycles(client, tier, n):
     client.delete(sid)
     return {"pause": summary(pause), "resume_first_exec": summary(boot),
             "cold_first_exec": summary(cold)}
+
+
+HOLD = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3600)"
+
+
+def pss_of_cgroup(sid):
+    """PSS in bytes of every process in the sandbox's cgroup (0 when none)."""
+    total = 0
+    procs = os.path.join(FREEZER, "airlock", sid, "cgroup.procs")
+    try:
+        with open(procs) as f:
+            pids = [p.strip() for p in f if p.strip()]
+    except OSError:
+        return 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def checkpoint_cycles(client, n):
+    """gvisor: pause saving memory to disk, resume restoring it, first exec;
+    against a cold create + first exec."""
+    sid = client.create({"tier": "gvisor"})
+    status, payload = client._request("POST", f"/v1/sandboxes/{sid}/exec", {
+        "cmd": "python3", "args": ["-c", HOLD], "background": True})
+    if status != 201:
+        raise ApiError("exec", status, payload)
+    time.sleep(2)
+    running_pss = pss_of_cgroup(sid)
+    pause, resume, first, cold, paused_pss = [], [], [], [], []
+    for i in range(n + 2):
+        t0 = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/pause")
+        t1 = time.monotonic()
+        paused_pss.append(pss_of_cgroup(sid))
+        t1b = time.monotonic()
+        call(client, f"/v1/sandboxes/{sid}/resume")
+        t2 = time.monotonic()
+        client.exec_true(sid)
+        t3 = time.monotonic()
+        t4 = t3 + cold_start(client, {"tier": "gvisor"})
+        if i >= 2:
+            pause.append(t1 - t0)
+            resume.append(t2 - t1b)
+            first.append(t3 - t2)
+            cold.append(t4 - t3)
+    client.delete(sid)
+    return {"pause": summary(pause), "resume": summary(resume), "first_exec": summary(first),
+            "cold_first_exec": summary(cold), "running_pss_bytes": running_pss,
+            "paused_pss_bytes": max(paused_pss)}
 
 
 def raw_cycles(n):
@@ -150,7 +219,7 @@ def main():
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("bench/pause.py needs root (sandboxes, cgroups)")
-    daemon = Daemon(args.airlock)
+    daemon = Daemon(args.airlock, ["--gvisor-pause", "freeze"])
     try:
         import_busybox(daemon, args.airlock)
         client = Client(daemon)
@@ -158,8 +227,14 @@ def main():
         files_only = {t: files_only_cycles(client, t, args.n) for t in ("process", "oci", "gvisor")}
     finally:
         daemon.stop()
+    daemon = Daemon(args.airlock)
+    try:
+        checkpoint = checkpoint_cycles(Client(daemon), max(args.n // 3, 5))
+    finally:
+        daemon.stop()
     raw = raw_cycles(args.n)
-    res = {"n": args.n, "tiers": tiers, "raw": raw, "files_only": files_only}
+    res = {"n": args.n, "tiers": tiers, "raw": raw, "files_only": files_only,
+           "gvisor_checkpoint": checkpoint}
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -174,6 +249,14 @@ def main():
               f"  resume p50 {resume:7.2f} ms p99 {s['resume']['p99_ms']:7.2f}"
               f"  first exec after {s['first_exec']['p50_ms']:6.2f} ms"
               f"  (target resume <= {TARGET_RESUME_MS:.0f} ms) {verdict(resume <= TARGET_RESUME_MS)}")
+    c = res["gvisor_checkpoint"]
+    print("  gvisor, memory saved to disk (python3 holding 64 MiB):")
+    print(f"  gvisor   pause p50 {c['pause']['p50_ms']:7.2f} ms p99 {c['pause']['p99_ms']:7.2f}"
+          f"  resume p50 {c['resume']['p50_ms']:7.2f} ms p99 {c['resume']['p99_ms']:7.2f}"
+          f"  first exec after {c['first_exec']['p50_ms']:6.2f} ms"
+          f"  restore + first exec vs cold create + first exec"
+          f" {(c['resume']['p50_ms'] + c['first_exec']['p50_ms']) / max(c['cold_first_exec']['p50_ms'], 1e-6):.2f}x"
+          f"  host PSS running {c['running_pss_bytes'] / 2**20:.1f} MiB, paused {c['paused_pss_bytes'] / 2**20:.1f} MiB")
     print("  files only (busybox template, 1 MiB written): resume boots it again")
     for t, s in res["files_only"].items():
         boot = s["resume_first_exec"]["p50_ms"]

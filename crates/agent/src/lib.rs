@@ -48,6 +48,8 @@
 //! - `files`: file operations.
 //! - `watch`: `watch` and `cancel` (inotify).
 //! - `failure`: mapping of OS errors onto protocol error kinds.
+//! - `restorable`: a host channel pumped by blocking threads, for a tier
+//!   that checkpoints and restores the sandbox (gVisor).
 
 mod failure;
 mod files;
@@ -55,6 +57,7 @@ mod outbox;
 mod privileges;
 mod process;
 mod reaper;
+pub mod restorable;
 mod session;
 mod watch;
 

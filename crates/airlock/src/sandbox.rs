@@ -10,6 +10,9 @@ use airlock_policy::SandboxSpec;
 use std::path::{Path, PathBuf};
 
 /// The sandbox this supervisor owns, of whichever tier.
+// One per process (a supervisor's or `airlock run`'s), never in a
+// collection: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Sandbox {
     Jail(Jail),
     Container(Container),
@@ -65,6 +68,33 @@ impl Sandbox {
         match self {
             Sandbox::Jail(jail) => jail.stats(),
             Sandbox::Container(container) => container.stats(),
+        }
+    }
+
+    /// Saves its memory to disk and lets its processes go (gVisor's
+    /// tier); the image's bytes.
+    pub fn checkpoint(&mut self) -> Result<u64, String> {
+        match self {
+            Sandbox::Container(container) if container.can_checkpoint() => {
+                container.checkpoint().map_err(|e| error_chain(&e))
+            }
+            _ => Err("this tier cannot checkpoint a sandbox's memory".into()),
+        }
+    }
+
+    /// Brings a checkpointed sandbox back; the new agent channel.
+    pub fn restore(&mut self) -> Result<std::os::unix::net::UnixStream, String> {
+        match self {
+            Sandbox::Container(container) => container.restore().map_err(|e| error_chain(&e)),
+            Sandbox::Jail(_) => Err("this tier cannot checkpoint a sandbox's memory".into()),
+        }
+    }
+
+    /// Whether its memory is checkpointed and nothing of it runs.
+    pub fn is_checkpointed(&self) -> bool {
+        match self {
+            Sandbox::Container(container) => container.is_checkpointed(),
+            Sandbox::Jail(_) => false,
         }
     }
 

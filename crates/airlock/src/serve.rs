@@ -181,6 +181,12 @@ pub struct ServeArgs {
     /// hypervisor it spins, and the tier's probe says so).
     #[arg(long, default_value = "ptrace", value_name = "PLATFORM")]
     gvisor_platform: String,
+    /// What a pause keeping memory does on the gvisor tier: `checkpoint`
+    /// saves the sandbox's memory to disk and lets its processes go (a
+    /// paused sandbox holds no RAM; resume restores it), `freeze` stops it
+    /// in place as the other tiers do.
+    #[arg(long, value_enum, default_value_t = GvisorPause::Checkpoint)]
+    gvisor_pause: GvisorPause,
     /// The oci tier's runtime (a name is looked up in PATH).
     #[arg(long, default_value = "runc", value_name = "BINARY")]
     oci_runtime: PathBuf,
@@ -366,6 +372,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tag.clone(),
         airlock_oci::Runtime::gvisor(in_path(&args.gvisor_runtime), args.gvisor_platform.clone()),
     );
+    gvisor = gvisor.with_checkpoints(args.gvisor_pause == GvisorPause::Checkpoint);
     let mut oci = ProcessBackend::oci(
         exe.clone(),
         tag.clone(),
@@ -672,6 +679,13 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// `--gvisor-pause`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GvisorPause {
+    Checkpoint,
+    Freeze,
 }
 
 /// `--writable-layers`.

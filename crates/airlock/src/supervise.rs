@@ -244,7 +244,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Err(_) => return ExitCode::from(crate::EXIT_INTERNAL),
     };
     let deadline = Deadline::new(deadline::deadline_file(&args.socket), first_deadline);
-    let served = runtime.block_on(relay(listener, channel, &jail, deadline));
+    let served = runtime.block_on(relay(listener, channel, &mut jail, deadline, &args.socket));
     // Read the OOM count before teardown removes the cgroup.
     let oom = jail.oom();
     let torn_down = jail.teardown().is_ok();
@@ -296,34 +296,54 @@ fn redirect_stdio_to_null() {
     }
 }
 
-/// Relays whole frames between the agent and the current daemon connection
-/// until the agent goes away, SIGTERM/SIGINT arrives or the deadline has
-/// passed.
-async fn relay(
-    listener: std::os::unix::net::UnixListener,
+/// The writer to the agent, when its sandbox runs (`None` while its memory
+/// is checkpointed: frames from the daemon wait).
+type AgentWriter = tokio::sync::watch::Sender<Option<std::sync::Arc<Mutex<OwnedWriteHalf>>>>;
+
+/// Reads whole frames from one agent channel (of `generation`) into
+/// `frames`: reading a frame is not cancel-safe, and in the relay's
+/// `select!` a connection event arriving mid-frame would drop the bytes
+/// read so far and tear the agent stream.
+fn read_agent(
     channel: std::os::unix::net::UnixStream,
-    jail: &Sandbox,
-    mut deadline: Deadline,
-) -> std::io::Result<RelayEnd> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let listener = UnixListener::from_std(listener)?;
+    generation: u64,
+    frames: mpsc::Sender<(u64, Result<Vec<u8>, FrameError>)>,
+) -> std::io::Result<(OwnedWriteHalf, tokio::task::JoinHandle<()>)> {
     channel.set_nonblocking(true)?;
-    let (mut agent_reader, agent_writer) = UnixStream::from_std(channel)?.into_split();
-    let agent_writer = std::sync::Arc::new(Mutex::new(agent_writer));
-    // Frames from the agent are read by a task of their own: reading a frame
-    // is not cancel-safe, and in the `select!` below a connection event
-    // arriving mid-frame would drop the bytes read so far and tear the
-    // agent stream.
-    let (frames_tx, mut frames) = mpsc::channel::<Result<Vec<u8>, FrameError>>(16);
-    let reader_task = tokio::spawn(async move {
+    let (mut reader, writer) = UnixStream::from_std(channel)?.into_split();
+    let task = tokio::spawn(async move {
         loop {
-            let frame = read_frame_bytes(&mut agent_reader).await;
+            let frame = read_frame_bytes(&mut reader).await;
             let failed = frame.is_err();
-            if frames_tx.send(frame).await.is_err() || failed {
+            if frames.send((generation, frame)).await.is_err() || failed {
                 break;
             }
         }
     });
+    Ok((writer, task))
+}
+
+/// Relays whole frames between the agent and the current daemon connection
+/// until the agent goes away, SIGTERM/SIGINT arrives or the deadline has
+/// passed. A nudge also makes it look for a memory request of the daemon
+/// ([`deadline::MemoryRequest`]): a checkpoint lets the sandbox's
+/// processes go (the end of their channel is then no death) and a restore
+/// brings them back on a fresh channel, the daemon's connection kept.
+async fn relay(
+    listener: std::os::unix::net::UnixListener,
+    channel: std::os::unix::net::UnixStream,
+    jail: &mut Sandbox,
+    mut deadline: Deadline,
+    socket: &Path,
+) -> std::io::Result<RelayEnd> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let listener = UnixListener::from_std(listener)?;
+    let (frames_tx, mut frames) = mpsc::channel::<(u64, Result<Vec<u8>, FrameError>)>(16);
+    let mut agent_generation: u64 = 0;
+    let (writer, mut reader_task) = read_agent(channel, agent_generation, frames_tx.clone())?;
+    let agent: AgentWriter =
+        tokio::sync::watch::Sender::new(Some(std::sync::Arc::new(Mutex::new(writer))));
+    let mut memory_seq: Option<u64> = None;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut nudged = signal(SignalKind::from_raw(deadline::NUDGE.as_raw()))?;
@@ -341,8 +361,8 @@ async fn relay(
     let mut inbound: Option<tokio::task::JoinHandle<()>> = None;
     let end = loop {
         tokio::select! {
-            frame = frames.recv() => match frame.unwrap_or(Err(FrameError::Closed)) {
-                Ok(bytes) => {
+            frame = frames.recv() => match frame.unwrap_or((agent_generation, Err(FrameError::Closed))) {
+                (_, Ok(bytes)) => {
                     if let Some(writer) = daemon.as_mut() {
                         if writer.write_all(&bytes).await.is_err() {
                             daemon = None;
@@ -350,9 +370,11 @@ async fn relay(
                     }
                     // No daemon connected: the frame is dropped whole.
                 }
+                // The channel of a checkpointed sandbox closing.
+                (from, Err(_)) if from != agent_generation => {}
                 // The agent is gone: the sandbox has ended.
-                Err(FrameError::Closed) | Err(FrameError::Io(_)) => break RelayEnd::AgentGone,
-                Err(_) => {
+                (_, Err(FrameError::Closed)) | (_, Err(FrameError::Io(_))) => break RelayEnd::AgentGone,
+                (_, Err(_)) => {
                     jail.kill();
                     break RelayEnd::AgentGone;
                 }
@@ -369,7 +391,7 @@ async fn relay(
                 daemon = Some(writer);
                 inbound = Some(tokio::spawn(forward_to_agent(
                     reader,
-                    std::sync::Arc::clone(&agent_writer),
+                    agent.subscribe(),
                     lost_tx.clone(),
                     generation,
                     std::sync::Arc::clone(&current),
@@ -384,8 +406,55 @@ async fn relay(
             _ = interrupt.recv() => break RelayEnd::Asked,
             // Woken for the deadline, or told it changed: read it again
             // (an extension written just before it passed still counts).
-            _ = nudged.recv() => if !still_due(&mut deadline, wake.as_mut()) {
-                break RelayEnd::Expired;
+            _ = nudged.recv() => {
+                if let Some(request) = deadline::read_json::<deadline::MemoryRequest>(
+                    &deadline::memory_request_file(socket),
+                ) {
+                    if memory_seq != Some(request.seq) {
+                        memory_seq = Some(request.seq);
+                        let answer = match request.op {
+                            deadline::MemoryOp::Checkpoint if jail.is_checkpointed() => Ok(0),
+                            deadline::MemoryOp::Checkpoint => {
+                                // Frames read before the channel closes are
+                                // still relayed; its end is not a death.
+                                let held = agent.send_replace(None);
+                                match jail.checkpoint() {
+                                    Ok(bytes) => {
+                                        agent_generation += 1;
+                                        Ok(bytes)
+                                    }
+                                    Err(e) => {
+                                        agent.send_replace(held);
+                                        Err(e)
+                                    }
+                                }
+                            }
+                            deadline::MemoryOp::Restore if !jail.is_checkpointed() => Ok(0),
+                            deadline::MemoryOp::Restore => match jail.restore() {
+                                Ok(channel) => {
+                                    let (writer, task) =
+                                        read_agent(channel, agent_generation, frames_tx.clone())?;
+                                    reader_task.abort();
+                                    reader_task = task;
+                                    agent.send_replace(Some(std::sync::Arc::new(Mutex::new(writer))));
+                                    Ok(0)
+                                }
+                                Err(e) => Err(e),
+                            },
+                        };
+                        let (error, bytes) = match answer {
+                            Ok(bytes) => (None, bytes),
+                            Err(e) => (Some(e), 0),
+                        };
+                        let _ = deadline::write_json(
+                            &deadline::memory_answer_file(socket),
+                            &deadline::MemoryAnswer { seq: request.seq, error, bytes },
+                        );
+                    }
+                }
+                if !still_due(&mut deadline, wake.as_mut()) {
+                    break RelayEnd::Expired;
+                }
             },
             () = &mut wake => if !still_due(&mut deadline, wake.as_mut()) {
                 break RelayEnd::Expired;
@@ -414,22 +483,43 @@ fn still_due(deadline: &mut Deadline, wake: std::pin::Pin<&mut tokio::time::Slee
 
 /// Copies whole frames from a daemon connection to the agent. A frame is
 /// written only once it has fully arrived, so a daemon that dies mid-frame
-/// leaves the agent stream intact.
+/// leaves the agent stream intact; while the sandbox's memory is
+/// checkpointed it waits for the restore.
 async fn forward_to_agent(
     mut reader: OwnedReadHalf,
-    agent: std::sync::Arc<Mutex<OwnedWriteHalf>>,
+    mut agent: tokio::sync::watch::Receiver<Option<std::sync::Arc<Mutex<OwnedWriteHalf>>>>,
     lost: mpsc::Sender<u64>,
     generation: u64,
     current: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
-    while let Ok(bytes) = read_frame_bytes(&mut reader).await {
-        let mut agent = agent.lock().await;
-        if current.load(std::sync::atomic::Ordering::SeqCst) != generation {
-            // A newer daemon connection took over.
-            return;
-        }
-        if agent.write_all(&bytes).await.is_err() {
-            break;
+    'frames: while let Ok(bytes) = read_frame_bytes(&mut reader).await {
+        loop {
+            let writer = match agent.wait_for(Option::is_some).await {
+                Ok(writer) => writer.clone(),
+                Err(_) => break 'frames,
+            };
+            let Some(writer) = writer else {
+                break 'frames;
+            };
+            let mut locked = writer.lock().await;
+            if current.load(std::sync::atomic::Ordering::SeqCst) != generation {
+                // A newer daemon connection took over.
+                return;
+            }
+            if locked.write_all(&bytes).await.is_ok() {
+                break;
+            }
+            drop(locked);
+            // A channel that closed for a checkpoint: the frame goes whole
+            // to the restored sandbox's (what reached the old one is gone
+            // with it). Any other broken channel is the agent's end.
+            let replaced = agent
+                .borrow()
+                .as_ref()
+                .is_none_or(|now| !std::sync::Arc::ptr_eq(now, &writer));
+            if !replaced {
+                break 'frames;
+            }
         }
     }
     let _ = lost.send(generation).await;

@@ -230,11 +230,16 @@ pub enum ExportError {
 #[serde(rename_all = "snake_case")]
 pub enum PauseMode {
     /// Its processes and their memory, as they are: frozen in place, or
-    /// checkpointed by a tier that can, so a resume continues them.
+    /// checkpointed to disk by a tier that can (so the pause holds no
+    /// RAM), so a resume continues them.
     Memory,
     /// Its files only: its processes end, and a resume starts fresh ones
     /// on the same files.
     Filesystem,
+    /// Its processes stopped where they are, in place, for a moment (what
+    /// the daemon needs while it reads a sandbox's files): never a
+    /// checkpoint.
+    Freeze,
 }
 
 impl PauseMode {
@@ -243,6 +248,7 @@ impl PauseMode {
         match self {
             PauseMode::Memory => "memory",
             PauseMode::Filesystem => "filesystem",
+            PauseMode::Freeze => "freeze",
         }
     }
 }

@@ -148,7 +148,7 @@ impl Daemon {
         let from = sandbox.state();
         let froze = match from {
             State::Running => match backend
-                .pause(id, &sandbox.resources, crate::PauseMode::Memory)
+                .pause(id, &sandbox.resources, crate::PauseMode::Freeze)
                 .await
             {
                 Ok(()) => true,

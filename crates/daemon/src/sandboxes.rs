@@ -12,7 +12,7 @@ use airlock_core::{next, Action, CreatePermit, DeadReason, LiveLease, State};
 use airlock_policy::{SandboxSpec, Template};
 use airlock_store::{KeyRow, ListQuery, NewSandbox, Page, SandboxRow, Stream};
 use serde_json::json;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot::error::TryRecvError;
@@ -1446,6 +1446,11 @@ impl Daemon {
     pub async fn run_reaper(self) {
         let mut tick = tokio::time::interval(REAPER_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Sandboxes a task of the reaper is pausing or stopping: a pause
+        // that saves memory to disk outlasts a tick, and a second task
+        // finding the sandbox no longer running would stop what the first
+        // just paused.
+        let acting: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
         loop {
             tick.tick().await;
             let expired = match self.with_store(|s| s.expired(now_ms())) {
@@ -1479,17 +1484,32 @@ impl Daemon {
                         true => crate::PauseMode::Filesystem,
                         false => crate::PauseMode::Memory,
                     });
+                if !acting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id.clone())
+                {
+                    continue;
+                }
                 let daemon = self.clone();
+                let acting = Arc::clone(&acting);
                 tokio::spawn(async move {
-                    if let Some(mode) = pauses {
-                        match daemon.pause_live(&id, mode).await {
-                            Ok(()) => return,
-                            Err(e) => tracing::warn!("{id} cannot be paused at its timeout: {e}"),
+                    let paused = match pauses {
+                        Some(mode) => match daemon.pause_live(&id, mode).await {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::warn!("{id} cannot be paused at its timeout: {e}");
+                                false
+                            }
+                        },
+                        None => false,
+                    };
+                    if !paused {
+                        if let Err(e) = daemon.stop(&id, DeadReason::Timeout, None).await {
+                            tracing::warn!("the reaper could not stop {id}: {e}");
                         }
                     }
-                    if let Err(e) = daemon.stop(&id, DeadReason::Timeout, None).await {
-                        tracing::warn!("the reaper could not stop {id}: {e}");
-                    }
+                    acting.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
                 });
             }
         }

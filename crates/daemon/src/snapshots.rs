@@ -284,7 +284,7 @@ impl Daemon {
         let _teardown = sandbox.teardown.lock().await;
         let frozen = match sandbox.state() {
             State::Running => match backend
-                .pause(&sandbox.id, &sandbox.resources, crate::PauseMode::Memory)
+                .pause(&sandbox.id, &sandbox.resources, crate::PauseMode::Freeze)
                 .await
             {
                 Ok(()) => true,

@@ -225,6 +225,34 @@ impl DiskStore {
         destroy_subvolume(&self.volumes(), id)
     }
 
+    fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    /// Where the memory image of sandbox `id` is kept while it is
+    /// checkpointed (a plain directory: its size is bounded by the
+    /// sandbox's memory limit, not by its disk quota).
+    pub fn checkpoint_path(&self, id: &str) -> Result<PathBuf, DiskError> {
+        if !crate::launch::is_sandbox_id(id) {
+            return Err(DiskError::BadId(id.to_owned()));
+        }
+        Ok(self.checkpoints().join(id))
+    }
+
+    /// Removes the memory image of sandbox `id`; none is not an error.
+    pub fn remove_checkpoint(&self, id: &str) -> Result<(), DiskError> {
+        match std::fs::remove_dir_all(self.checkpoint_path(id)?) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_error("remove a memory image")(e)),
+        }
+    }
+
+    /// The sandbox ids that have a memory image here.
+    pub fn checkpoint_ids(&self) -> Vec<String> {
+        list_ids(&self.checkpoints(), crate::launch::is_sandbox_id)
+    }
+
     /// The ids of the volumes here.
     pub fn volume_ids(&self) -> Vec<String> {
         list_ids(&self.volumes(), is_volume_id)

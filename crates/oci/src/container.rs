@@ -93,6 +93,9 @@ pub struct Container {
     stage: PathBuf,
     cgroup: SandboxCgroup,
     disk: Option<DiskStore>,
+    /// The disk store its memory image goes to when it is checkpointed
+    /// (none: it cannot be).
+    images: Option<DiskStore>,
     slot: Option<Slot>,
     /// The runtime's `run`, which lasts as long as the container.
     child: Option<Child>,
@@ -104,6 +107,12 @@ pub struct Container {
     channel: Option<UnixStream>,
     /// A networked gVisor sandbox's way to the egress namespace.
     guest_link: Option<airlock_jail::net::GuestLink>,
+    /// The bundle's `config.json`, written again for a restore.
+    config: Vec<u8>,
+    /// Whether it has an egress path (the runtime's network mode).
+    networked: bool,
+    /// Its memory is checkpointed to disk and no process of it runs.
+    checkpointed: bool,
     mounted: bool,
     torn_down: bool,
 }
@@ -202,6 +211,7 @@ impl Container {
             runtime: runtime.clone(),
             cgroup,
             disk: None,
+            images: disk.cloned(),
             slot: Some(slot),
             child: None,
             runtime_pid: None,
@@ -209,6 +219,9 @@ impl Container {
             init_pid: 0,
             channel: None,
             guest_link,
+            config: Vec::new(),
+            networked: netns.is_some(),
+            checkpointed: false,
             mounted: false,
             torn_down: false,
         };
@@ -280,12 +293,13 @@ impl Container {
         )?;
         let text = serde_json::to_vec_pretty(&config)
             .map_err(|e| ContainerError::Io("encode the bundle", e.into()))?;
-        fs::write(container.dir.join("config.json"), text)
+        fs::write(container.dir.join("config.json"), &text)
             .map_err(|e| ContainerError::Io("write the bundle", e))?;
+        container.config = text;
         if container.guest_link.is_some() {
             container.hide_network_sysctls()?;
         }
-        container.start(netns.is_some())?;
+        container.start(&["run".into()])?;
         Ok(container)
     }
 
@@ -440,7 +454,7 @@ impl Container {
     /// the cgroup, the agent's end of the channel as its stdin. Returns once
     /// the runtime has made the container (its pid file is written), or
     /// with the runtime's own reason when it gave up.
-    fn start(&mut self, networked: bool) -> Result<(), ContainerError> {
+    fn start(&mut self, verb: &[std::ffi::OsString]) -> Result<(), ContainerError> {
         // Orphans of the runtime (a container init whose runtime process
         // was killed first) come to this process, which reaps them at
         // teardown, rather than to the host's init.
@@ -451,14 +465,19 @@ impl Container {
         let log = fs::File::create(self.dir.join("runtime.log"))
             .map_err(|e| ContainerError::Io("create the runtime's log", e))?;
         let pid_file = self.dir.join("pid");
-        let network = match (self.runtime.kind, networked) {
+        match fs::remove_file(&pid_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ContainerError::Io("clear the runtime's pid file", e)),
+        }
+        let network = match (self.runtime.kind, self.networked) {
             (Kind::Gvisor, false) => "none",
             _ => "sandbox",
         };
         let mut command = Command::new(&self.runtime.binary);
         command
             .args(self.runtime.global_args(&self.dir.join("state"), network))
-            .arg("run")
+            .args(verb)
             .arg("--bundle")
             .arg(&self.dir)
             .arg("--pid-file")
@@ -567,6 +586,128 @@ impl Container {
         )
     }
 
+    /// Where a checkpoint of its memory is kept: on the daemon's disk
+    /// store, never in the runtime directory's memory.
+    fn image_dir(&self) -> Result<PathBuf, ContainerError> {
+        let refused = |message: &str| ContainerError::Refused {
+            runtime: self.runtime_name(),
+            message: message.into(),
+        };
+        self.images
+            .as_ref()
+            .ok_or_else(|| refused("there is no disk store to save its memory to"))?
+            .checkpoint_path(&self.id)
+            .map_err(|e| refused(&e.to_string()))
+    }
+
+    /// Whether its memory can be checkpointed to disk: its runtime is
+    /// gVisor's and there is a disk store for the image.
+    pub fn can_checkpoint(&self) -> bool {
+        self.runtime.kind == Kind::Gvisor && self.images.is_some()
+    }
+
+    /// Whether its memory is checkpointed and nothing of it runs.
+    pub fn is_checkpointed(&self) -> bool {
+        self.checkpointed
+    }
+
+    /// Saves the sandbox's memory and processes to disk (`runsc
+    /// checkpoint`) and lets them go: afterwards no process of it runs and
+    /// it holds no memory, only its image, its root and its network path,
+    /// until [`Container::restore`]. The agent's channel closes. Returns the
+    /// image's size in bytes.
+    pub fn checkpoint(&mut self) -> Result<u64, ContainerError> {
+        if !self.can_checkpoint() {
+            return Err(ContainerError::Refused {
+                runtime: self.runtime_name(),
+                message: "this runtime cannot checkpoint a sandbox's memory".into(),
+            });
+        }
+        let image = self.image_dir()?;
+        match fs::remove_dir_all(&image) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ContainerError::Io("clear an old checkpoint", e)),
+        }
+        if let Some(parent) = image.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| ContainerError::Io("make the memory image store", e))?;
+        }
+        fs::create_dir_all(&image)
+            .and_then(|()| fs::set_permissions(&image, fs::Permissions::from_mode(0o700)))
+            .map_err(|e| ContainerError::Io("make the checkpoint directory", e))?;
+        let network = if self.networked { "sandbox" } else { "none" };
+        let state = self.dir.join("state");
+        let out = Command::new(&self.runtime.binary)
+            .args(self.runtime.global_args(&state, network))
+            .arg("checkpoint")
+            .arg("--image-path")
+            .arg(&image)
+            .arg(&self.id)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| ContainerError::RuntimeMissing(self.runtime.binary.clone(), e))?;
+        if !out.status.success() {
+            return Err(ContainerError::Refused {
+                runtime: self.runtime_name(),
+                message: format!(
+                    "checkpoint: {}",
+                    last_line(&String::from_utf8_lossy(&out.stderr))
+                ),
+            });
+        }
+        self.checkpointed = true;
+        // `runsc run` ends once its sandbox is saved; it is reaped here.
+        if let Some(mut child) = self.child.take() {
+            let deadline = Instant::now() + START_TIMEOUT;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.runtime_pid = None;
+        self.init_pid = 0;
+        // The saved container's record, which a restore of the same id
+        // would collide with.
+        let _ = Command::new(&self.runtime.binary)
+            .args(self.runtime.global_args(&state, network))
+            .args(["delete", "-force"])
+            .arg(&self.id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        Ok(dir_bytes(&image))
+    }
+
+    /// Brings a checkpointed sandbox back (`runsc restore`): its processes
+    /// go on where they were, with a fresh agent channel in place of the
+    /// old one (gVisor hands the restored init the new stdin). Returns the
+    /// host's end of that channel. The image is removed once it runs.
+    pub fn restore(&mut self) -> Result<UnixStream, ContainerError> {
+        if !self.checkpointed {
+            return Err(ContainerError::Refused {
+                runtime: self.runtime_name(),
+                message: "the sandbox is not checkpointed".into(),
+            });
+        }
+        fs::write(self.dir.join("config.json"), &self.config)
+            .map_err(|e| ContainerError::Io("write the bundle", e))?;
+        let image = self.image_dir()?;
+        self.start(&[
+            "restore".into(),
+            "--image-path".into(),
+            image.clone().into(),
+        ])?;
+        self.checkpointed = false;
+        let _ = fs::remove_dir_all(&image);
+        self.channel.take().ok_or(ContainerError::Refused {
+            runtime: self.runtime_name(),
+            message: "the restored sandbox has no channel".into(),
+        })
+    }
+
     /// The sandbox id (also its hostname).
     pub fn id(&self) -> &str {
         &self.id
@@ -659,6 +800,11 @@ impl Container {
         if self.runtime.kind == Kind::Runc && remove_runc_cgroups(&self.id).is_err() {
             left.push("its runtime's cgroups");
         }
+        if let Some(images) = &self.images {
+            if images.remove_checkpoint(&self.id).is_err() {
+                left.push("its memory image");
+            }
+        }
         if let Some(disk) = &self.disk {
             if disk.remove(&self.id).is_err() {
                 left.push("its writable layer");
@@ -688,6 +834,26 @@ impl Drop for Container {
     fn drop(&mut self) {
         let _ = self.teardown();
     }
+}
+
+/// Bytes of the regular files under `dir` (not following links).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let kind = e.file_type().ok()?;
+            if kind.is_dir() {
+                Some(dir_bytes(&e.path()))
+            } else if kind.is_file() {
+                e.metadata().ok().map(|m| m.len())
+            } else {
+                Some(0)
+            }
+        })
+        .sum()
 }
 
 /// Reaps those of `pids` that are (now) this process's children and have

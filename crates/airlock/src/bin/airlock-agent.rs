@@ -7,7 +7,9 @@
 //! Usage (by a tier, not by people): `airlock-agent --fd N [--seccomp FILE]`,
 //! where N is the descriptor of the channel to the host: 3 or above (the
 //! process tier and runc place it there), or 0 (runsc hands a sandbox's
-//! init only its stdio, so the gvisor tier makes its stdin the channel).
+//! init only its stdio, so the gvisor tier makes its stdin the channel,
+//! which survives a checkpoint and restore only through blocking threads:
+//! `airlock_agent::restorable`).
 //! With `--seccomp`, the agent installs the sandbox's seccomp filter (a
 //! BPF program its supervisor compiled, `airlock_jail::seccomp::to_bytes`)
 //! on itself before anything else, with no_new_privs, so it and every
@@ -42,7 +44,8 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_INTERNAL);
         }
     }
-    let fd = if fd == 0 {
+    let on_stdin = fd == 0;
+    let fd = if on_stdin {
         match channel_off_stdin() {
             Ok(fd) => fd,
             Err(e) => {
@@ -55,7 +58,19 @@ fn main() -> ExitCode {
     };
     // SAFETY: the tier placed the host channel on `fd` (or it was moved
     // there from stdin above) and nothing else in this process owns it.
-    let channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let mut channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    // On stdin, the channel is gVisor's, whose sandboxes may be
+    // checkpointed and restored: it is served through blocking threads
+    // (see `airlock_agent::restorable`).
+    if on_stdin {
+        channel = match airlock_agent::restorable::through_threads(channel) {
+            Ok(channel) => channel,
+            Err(e) => {
+                eprintln!("airlock-agent: cannot set up the channel's threads: {e}");
+                return ExitCode::from(EXIT_INTERNAL);
+            }
+        };
+    }
     let config = airlock_agent::AgentConfig {
         keepalive: std::time::Duration::from_secs(10),
         drop_privileges: true,

@@ -14,6 +14,12 @@
 //!   a daemon that is not its parent (it adopted the sandbox, or started
 //!   after the sandbox ended) still learns how it ended.
 //!
+//! - `<id>.memory`: what the daemon asks of a gVisor sandbox's memory
+//!   ([`MemoryRequest`]: save it to disk, or bring it back), a JSON object
+//!   renamed into place before the supervisor is nudged; and
+//!   `<id>.memory.done`, the supervisor's [`MemoryAnswer`] to it, by the
+//!   request's sequence number.
+//!
 //! The deadline is whichever applies to the sandbox now: a running
 //! sandbox's `expires_at` today; a paused sandbox's TTL goes through the
 //! same file once pausing exists.
@@ -51,21 +57,98 @@ pub fn ending_file(socket: &Path) -> PathBuf {
     socket.with_extension("ended")
 }
 
+/// The memory request file of the sandbox served on `socket`.
+pub fn memory_request_file(socket: &Path) -> PathBuf {
+    socket.with_extension("memory")
+}
+
+/// The memory answer file of the sandbox served on `socket`.
+pub fn memory_answer_file(socket: &Path) -> PathBuf {
+    socket.with_extension("memory.done")
+}
+
 /// Every file of the sandbox served on `socket`, the socket included.
-pub fn files_of(socket: &Path) -> [PathBuf; 4] {
+pub fn files_of(socket: &Path) -> [PathBuf; 8] {
     [
         socket.to_owned(),
         deadline_file(socket),
         socket.with_extension("deadline.new"),
         ending_file(socket),
+        memory_request_file(socket),
+        socket.with_extension("memory.new"),
+        memory_answer_file(socket),
+        socket.with_extension("memory.done.new"),
     ]
 }
 
 /// The sandbox id a file of this directory belongs to, if it is one.
 pub fn id_of_file(name: &str) -> Option<&str> {
-    [".sock", ".deadline", ".deadline.new", ".ended"]
-        .into_iter()
-        .find_map(|suffix| name.strip_suffix(suffix))
+    [
+        ".sock",
+        ".deadline",
+        ".deadline.new",
+        ".ended",
+        ".memory",
+        ".memory.new",
+        ".memory.done",
+        ".memory.done.new",
+    ]
+    .into_iter()
+    .find_map(|suffix| name.strip_suffix(suffix))
+}
+
+/// What happens to a sandbox's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryOp {
+    /// Saved to disk; its processes let go.
+    Checkpoint,
+    /// Brought back from disk; its processes go on.
+    Restore,
+}
+
+/// The daemon's request, numbered so its answer is told from an older one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryRequest {
+    pub seq: u64,
+    pub op: MemoryOp,
+}
+
+/// The supervisor's answer to request `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryAnswer {
+    pub seq: u64,
+    /// Why it failed; `None` when it was done.
+    pub error: Option<String>,
+    /// The image's bytes (a checkpoint).
+    pub bytes: u64,
+}
+
+/// Writes `value` as JSON to `file` (a new file renamed over it).
+pub fn write_json(file: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut fresh = file.as_os_str().to_owned();
+    fresh.push(".new");
+    let text = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    replace_whole(file, Path::new(&fresh), &text)
+}
+
+/// Writes `bytes` to `fresh` (0600) and renames it over `file`, so a
+/// reader sees the old content or the new, never part of it.
+fn replace_whole(file: &Path, fresh: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(fresh)?;
+    out.write_all(bytes)?;
+    drop(out);
+    std::fs::rename(fresh, file)
+}
+
+/// The JSON value in `file`, if it is there and one of type `T`.
+pub fn read_json<T: serde::de::DeserializeOwned>(file: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(file).ok()?).ok()
 }
 
 /// Now, in unix milliseconds.
@@ -77,16 +160,11 @@ pub fn now_ms() -> i64 {
 
 /// Replaces the deadline in `file` (a whole new file renamed over it).
 pub fn write_deadline(file: &Path, at_ms: i64) -> std::io::Result<()> {
-    let fresh = file.with_extension("deadline.new");
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&fresh)?;
-    out.write_all(at_ms.to_string().as_bytes())?;
-    drop(out);
-    std::fs::rename(&fresh, file)
+    replace_whole(
+        file,
+        &file.with_extension("deadline.new"),
+        at_ms.to_string().as_bytes(),
+    )
 }
 
 /// The deadline in `file`; `None` when it is missing or not a deadline.
@@ -147,9 +225,20 @@ mod tests {
             "sbx-1.deadline",
             "sbx-1.deadline.new",
             "sbx-1.ended",
+            "sbx-1.memory",
+            "sbx-1.memory.done",
         ] {
             assert_eq!(id_of_file(name), Some("sbx-1"), "{name}");
         }
         assert_eq!(id_of_file("sbx-1.txt"), None);
+        let request = MemoryRequest {
+            seq: 3,
+            op: MemoryOp::Checkpoint,
+        };
+        write_json(&memory_request_file(&socket), &request).unwrap();
+        assert_eq!(read_json(&memory_request_file(&socket)), Some(request));
+        assert!(files_of(&socket)
+            .iter()
+            .all(|f| id_of_file(&f.file_name().unwrap().to_string_lossy()) == Some("sbx-1")));
     }
 }

@@ -48,6 +48,9 @@ use tokio::sync::watch;
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long the agent gets to answer the greeting.
 const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a checkpoint or a restore of a sandbox's memory may take.
+const MEMORY_OP_WITHIN: Duration = Duration::from_secs(120);
+
 /// How long a pause waits for every process of a sandbox to freeze.
 const FREEZE_WITHIN: Duration = Duration::from_secs(5);
 
@@ -86,6 +89,11 @@ pub struct ProcessBackend {
     reserved: Mutex<HashMap<String, Spare>>,
     /// The disk store of writable layers on disk, if the daemon has one.
     disk: Option<DiskStore>,
+    /// Whether a pause keeping memory saves it to disk (gVisor's
+    /// checkpoint) rather than freezing it in place.
+    checkpoints: bool,
+    /// The last memory request's number (see [`deadline::MemoryRequest`]).
+    memory_seq: std::sync::atomic::AtomicU64,
 }
 
 impl ProcessBackend {
@@ -103,6 +111,8 @@ impl ProcessBackend {
             spares: Arc::new(Mutex::new(Spares::default())),
             reserved: Mutex::new(HashMap::new()),
             disk: None,
+            checkpoints: false,
+            memory_seq: std::sync::atomic::AtomicU64::new(deadline::now_ms().unsigned_abs()),
         }
     }
 
@@ -132,6 +142,99 @@ impl ProcessBackend {
         | Resources::Oci(supervised)
         | Resources::Gvisor(supervised)) = resources;
         (resources.tier() == self.tier()).then_some(supervised)
+    }
+
+    /// Pauses that keep memory save it to disk, on a tier whose runtime
+    /// can (gVisor's `runsc checkpoint`): a paused sandbox then holds no
+    /// RAM, and a resume restores it. Elsewhere they freeze in place.
+    pub fn with_checkpoints(mut self, on: bool) -> ProcessBackend {
+        self.checkpoints = on;
+        self
+    }
+
+    /// Whether this tier's pauses keeping memory save it to disk.
+    fn checkpoints(&self) -> bool {
+        self.checkpoints
+            && self.disk.is_some()
+            && matches!(&self.runner, Runner::Oci(runtime) if runtime.kind == airlock_oci::Kind::Gvisor)
+    }
+
+    /// Asks the supervisor of `id` to save or restore its sandbox's memory
+    /// and waits for its answer.
+    async fn memory_op(
+        &self,
+        id: &str,
+        resources: &Resources,
+        op: deadline::MemoryOp,
+    ) -> Result<u64, StateError> {
+        let what = match op {
+            deadline::MemoryOp::Checkpoint => "pause (saving its memory)",
+            deadline::MemoryOp::Restore => "resume (restoring its memory)",
+        };
+        let failed = |reason: String| StateError::Failed {
+            id: id.to_owned(),
+            what,
+            reason,
+        };
+        let Some(Supervised {
+            socket,
+            supervisor_pid,
+        }) = self.supervised(resources)
+        else {
+            return Err(failed(
+                "the recorded resources belong to another tier".into(),
+            ));
+        };
+        let socket = PathBuf::from(socket);
+        // Watched by this daemon, or (a sandbox paused before a restart,
+        // which is restored before its agent can be adopted) found by its
+        // recorded pid.
+        let pidfd = match self.supervisor(id) {
+            Some(supervisor) => supervisor.pidfd.try_clone().ok(),
+            None => supervisor_pid.and_then(|pid| open_supervisor(pid, id)),
+        };
+        let Some(pidfd) = pidfd else {
+            return Err(failed("its supervisor is gone".into()));
+        };
+        let seq = self
+            .memory_seq
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        deadline::write_json(
+            &deadline::memory_request_file(&socket),
+            &deadline::MemoryRequest { seq, op },
+        )
+        .map_err(|e| failed(format!("cannot ask its supervisor: {e}")))?;
+        let answers = deadline::memory_answer_file(&socket);
+        let started = std::time::Instant::now();
+        let mut nudged = None::<std::time::Instant>;
+        loop {
+            // Nudged again now and then: a supervisor busy with an earlier
+            // request reads it once it is done (the same number is one
+            // request).
+            if nudged.is_none_or(|at| at.elapsed() > Duration::from_millis(500)) {
+                signal(&pidfd, deadline::NUDGE);
+                nudged = Some(std::time::Instant::now());
+            }
+            if let Some(answer) = deadline::read_json::<deadline::MemoryAnswer>(&answers) {
+                if answer.seq == seq {
+                    return match answer.error {
+                        None => Ok(answer.bytes),
+                        Some(reason) => Err(failed(reason)),
+                    };
+                }
+            }
+            if has_exited(&pidfd) {
+                return Err(failed("its supervisor ended".into()));
+            }
+            if started.elapsed() > MEMORY_OP_WITHIN {
+                return Err(failed(format!(
+                    "its supervisor did not answer within {} s",
+                    MEMORY_OP_WITHIN.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Makes writable layers on disk in `disk` (the supervisors are told
@@ -913,7 +1016,7 @@ impl Backend for ProcessBackend {
     async fn pause(
         &self,
         id: &str,
-        _resources: &Resources,
+        resources: &Resources,
         mode: PauseMode,
     ) -> Result<(), StateError> {
         if mode == PauseMode::Filesystem {
@@ -921,6 +1024,12 @@ impl Backend for ProcessBackend {
                 tier: self.tier().as_str(),
                 what: "pause (keeping only its files)",
             });
+        }
+        if mode == PauseMode::Memory && self.checkpoints() {
+            return self
+                .memory_op(id, resources, deadline::MemoryOp::Checkpoint)
+                .await
+                .map(drop);
         }
         let cgroup = self.cgroup_of(id)?;
         let frozen = tokio::task::spawn_blocking(move || cgroup.freeze(FREEZE_WITHIN)).await;
@@ -963,13 +1072,21 @@ impl Backend for ProcessBackend {
             })
     }
 
-    async fn resume(&self, id: &str, _resources: &Resources) -> Result<(), StateError> {
+    /// Thaws the sandbox's cgroup; on a tier whose pauses save memory to
+    /// disk, also restores it (a sandbox that was only frozen is left as
+    /// the thaw made it).
+    async fn resume(&self, id: &str, resources: &Resources) -> Result<(), StateError> {
         let cgroup = self.cgroup_of(id)?;
         cgroup.thaw().map_err(|e| StateError::Failed {
             id: id.to_owned(),
             what: "resume",
             reason: crate::error_chain(&e),
-        })
+        })?;
+        if self.checkpoints() {
+            self.memory_op(id, resources, deadline::MemoryOp::Restore)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn reconcile(&self, keep: &HashSet<String>) -> Reconciled {
@@ -1034,6 +1151,15 @@ impl Backend for ProcessBackend {
                         reconciled.removed.push(id);
                     }
                 }
+                // Memory images of sandboxes gone the same way.
+                for id in disk.checkpoint_ids() {
+                    if !keep.contains(&id)
+                        && !live.contains(&id)
+                        && disk.remove_checkpoint(&id).is_ok()
+                    {
+                        reconciled.removed.push(id);
+                    }
+                }
             }
         }
         reconciled.removed.sort();
@@ -1071,6 +1197,11 @@ impl Backend for ProcessBackend {
         // Writable layers nobody holds a slot for.
         let layers = self.disk.as_ref().map_or(0, |disk| {
             disk.ids().iter().filter(|id| unaccounted(id)).count()
+                + disk
+                    .checkpoint_ids()
+                    .iter()
+                    .filter(|id| unaccounted(id))
+                    .count()
         });
         ours + orphans + layers
     }
