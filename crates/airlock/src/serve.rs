@@ -187,6 +187,13 @@ pub struct ServeArgs {
     /// in place as the other tiers do.
     #[arg(long, value_enum, default_value_t = GvisorPause::Checkpoint)]
     gvisor_pause: GvisorPause,
+    /// DeerFlow's base directory on this host (its `DEER_FLOW_HOST_BASE_DIR`):
+    /// the AIO dialect mounts a thread's sandbox `/mnt/user-data` from
+    /// `DIR/users/{user}/threads/{thread}/user-data` and the skills from
+    /// `DIR/skills_view`, and takes DeerFlow's extra mounts only from
+    /// under it (none without it).
+    #[arg(long, value_name = "DIR")]
+    deerflow_base_dir: Option<PathBuf>,
     /// The oci tier's runtime (a name is looked up in PATH).
     #[arg(long, default_value = "runc", value_name = "BINARY")]
     oci_runtime: PathBuf,
@@ -444,6 +451,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("--allow-mount {}", d.display()))
         })
         .collect::<anyhow::Result<_>>()?;
+    // DeerFlow's base directory is one the AIO dialect mounts from (only
+    // the paths its provisioner allows).
+    if let Some(base) = &args.deerflow_base_dir {
+        config.mount_roots.push(
+            base.canonicalize()
+                .with_context(|| format!("--deerflow-base-dir {}", base.display()))?,
+        );
+    }
 
     // Every connection, sandbox channel and egress socket is a descriptor.
     // The daemon lifts its soft limit to the hard one (and the hard one, if
@@ -513,7 +528,19 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "airlock: serving on http://{local} (data in {})",
             data_dir.display()
         );
-        airlock_api::server::serve(listener, daemon.clone(), limits, shutdown_signal()).await;
+        let dialects = airlock_api::Dialects {
+            aio: airlock_api::aio::Settings {
+                base_dir: args.deerflow_base_dir.clone(),
+            },
+        };
+        airlock_api::server::serve(
+            listener,
+            daemon.clone(),
+            limits,
+            dialects,
+            shutdown_signal(),
+        )
+        .await;
         daemon.shutdown();
         daemon.drain_pools().await;
         // The socket directory goes when no sandbox uses it any more.

@@ -13,6 +13,7 @@
 //! routes (404), wrong methods (405) and bodies over 1 MiB (413).
 #![forbid(unsafe_code)]
 
+pub mod aio;
 pub mod auth;
 pub mod e2b;
 pub mod error;
@@ -230,8 +231,19 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
 }
 
-/// Every route of the daemon.
+/// Every route of the daemon, its dialects with their default settings.
 pub fn router(daemon: Daemon) -> Router {
+    router_with(daemon, Dialects::default())
+}
+
+/// What the operator sets for the dialects.
+#[derive(Debug, Clone, Default)]
+pub struct Dialects {
+    pub aio: aio::Settings,
+}
+
+/// Every route of the daemon.
+pub fn router_with(daemon: Daemon, dialects: Dialects) -> Router {
     let api = Api { daemon };
     let (routes, document) = parts(api.clone());
     let document = std::sync::Arc::new(document);
@@ -251,6 +263,10 @@ pub fn router(daemon: Daemon) -> Router {
             authenticate,
         ))
         .layer(axum::middleware::from_fn(read_whole_body))
+        .layer(axum::middleware::from_fn_with_state(
+            aio::Routers::new(api.clone(), dialects.aio),
+            aio::demux,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             e2b::Routers::new(api.clone()),
             e2b::demux,
@@ -382,7 +398,9 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
         .map(str::to_owned);
     let audited = (path.starts_with("/v1/") && path != "/v1/openapi.json")
         || e2b_sandbox.is_some()
-        || e2b::is_control_path(&path);
+        || e2b::is_control_path(&path)
+        || path.starts_with("/api/")
+        || aio::is_sandbox_path(&path);
     request.extensions_mut().insert(RequestId(id.clone()));
     let mut response = next.run(request).await;
     let status = response.status();
@@ -400,6 +418,7 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
             .or_else(|| path.strip_prefix("/v2/sandboxes/"))
             .map(|rest| rest.split('/').next().unwrap_or(rest))
             .or(e2b_sandbox.as_deref())
+            .or_else(|| aio::sandbox_of(&path))
             .filter(|id| {
                 id.strip_prefix("sbx-").is_some_and(|hex| {
                     (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
@@ -422,7 +441,7 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
             Some(&id),
             json!({
                 "method": method,
-                "path": path,
+                "path": aio::redacted(&path),
                 "status": status.as_u16(),
                 "caller": caller,
                 "duration_ms": started.elapsed().as_millis() as u64,

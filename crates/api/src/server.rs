@@ -321,9 +321,10 @@ pub async fn serve(
     listener: TcpListener,
     daemon: Daemon,
     limits: ServerLimits,
+    dialects: crate::Dialects,
     shutdown: impl Future<Output = ()>,
 ) {
-    let router = crate::router(daemon.clone());
+    let router = crate::router_with(daemon.clone(), dialects);
     let connections = Arc::new(Connections {
         limits,
         table: Mutex::default(),

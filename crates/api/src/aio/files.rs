@@ -1,0 +1,538 @@
+//! AIO file calls: read, write, list, find, grep and download, through
+//! the daemon's file operations (the agent, inside the sandbox): the
+//! host never opens a path a sandbox names.
+
+use super::sandbox::{body, daemon_failed, Aio, Target};
+use super::{failed, ok};
+use crate::RequestId;
+use airlock_daemon::files::WriteMode;
+use airlock_daemon::DaemonError;
+use airlock_protocol::{FileInfo, FileKind};
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::json;
+
+/// Largest file a read or grep loads whole into an answer.
+const MAX_READ: usize = 16 << 20;
+/// Most entries a listing walks.
+const MAX_ENTRIES: usize = 50_000;
+
+/// The whole of `path`, at most `limit` bytes (`TooLarge` past it).
+async fn read_whole(
+    aio: &Aio,
+    id: &str,
+    path: &str,
+    limit: usize,
+    request_id: &str,
+) -> Result<Vec<u8>, DaemonError> {
+    let mut reader = aio.api.daemon.read_file(id, path, request_id).await?;
+    let mut bytes = Vec::new();
+    while let Some(chunk) = reader.next_chunk().await {
+        bytes.extend_from_slice(&chunk?);
+        if bytes.len() > limit {
+            return Err(DaemonError::TooLarge(format!(
+                "{path} is larger than {limit} bytes"
+            )));
+        }
+    }
+    Ok(bytes)
+}
+
+#[derive(Deserialize)]
+pub(super) struct Read {
+    file: String,
+    start_line: Option<i64>,
+    end_line: Option<i64>,
+}
+
+/// `POST /v1/file/read`: lines `start_line` (0-based) to `end_line`
+/// (exclusive) when given.
+pub(super) async fn read(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    bytes: Bytes,
+) -> Response {
+    let request: Read = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let content = match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
+        Ok(content) => String::from_utf8_lossy(&content).into_owned(),
+        Err(e) => return daemon_failed(e),
+    };
+    let content = match (request.start_line, request.end_line) {
+        (None, None) => content,
+        (start, end) => {
+            let lines: Vec<&str> = content.split_inclusive('\n').collect();
+            let clamp = |n: i64| usize::try_from(n.max(0)).unwrap_or(0).min(lines.len());
+            let from = clamp(start.unwrap_or(0));
+            let to = end.map_or(lines.len(), clamp).max(from);
+            lines[from..to].concat()
+        }
+    };
+    ok(json!({"content": content, "file": request.file}))
+}
+
+#[derive(Deserialize)]
+pub(super) struct Write {
+    file: String,
+    content: String,
+    encoding: Option<String>,
+    #[serde(default)]
+    append: bool,
+    #[serde(default)]
+    leading_newline: bool,
+    #[serde(default)]
+    trailing_newline: bool,
+}
+
+/// `POST /v1/file/write`: UTF-8 or base64, replacing or appending;
+/// parents are made.
+pub(super) async fn write(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    bytes: Bytes,
+) -> Response {
+    let request: Write = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let mut data = match request.encoding.as_deref() {
+        None | Some("utf-8") | Some("utf8") | Some("raw") => request.content.into_bytes(),
+        Some("base64") => match base64::engine::general_purpose::STANDARD.decode(request.content) {
+            Ok(data) => data,
+            Err(e) => {
+                return failed(
+                    StatusCode::BAD_REQUEST,
+                    format!("content is not base64: {e}"),
+                )
+            }
+        },
+        Some(other) => {
+            return failed(
+                StatusCode::BAD_REQUEST,
+                format!("encoding {other} is not one of utf-8, base64, raw"),
+            )
+        }
+    };
+    if request.leading_newline {
+        data.insert(0, b'\n');
+    }
+    if request.trailing_newline {
+        data.push(b'\n');
+    }
+    let limit = aio.api.daemon.config().max_upload_bytes;
+    if request.append {
+        match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
+            Ok(mut before) => {
+                before.extend_from_slice(&data);
+                data = before;
+            }
+            Err(DaemonError::NotFound(_)) => {}
+            Err(e) => return daemon_failed(e),
+        }
+    }
+    let written = data.len();
+    let stream = futures_util::stream::iter([Ok::<Vec<u8>, std::io::Error>(data)]);
+    match aio
+        .api
+        .daemon
+        .write_file(
+            &id,
+            &request.file,
+            None,
+            None,
+            WriteMode::Atomic,
+            stream,
+            limit,
+            &request_id.0,
+        )
+        .await
+    {
+        Ok(_) => ok(json!({"file": request.file, "bytes_written": written})),
+        Err(e) => daemon_failed(e),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct List {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default = "yes")]
+    show_hidden: bool,
+    file_types: Option<Vec<String>>,
+    max_depth: Option<u32>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_hidden(root: &str, entry: &FileInfo) -> bool {
+    entry
+        .path
+        .strip_prefix(root)
+        .unwrap_or(&entry.path)
+        .split('/')
+        .any(|part| part.starts_with('.'))
+}
+
+fn info(entry: &FileInfo) -> serde_json::Value {
+    let modified = std::time::UNIX_EPOCH
+        + std::time::Duration::from_nanos(u64::try_from(entry.mtime_ns).unwrap_or(0));
+    json!({
+        "name": entry.name,
+        "path": entry.path,
+        "is_directory": entry.kind == FileKind::Dir,
+        "size": entry.size,
+        "modified_time": super::shell::rfc3339(modified),
+        "permissions": format!("{:o}", entry.mode & 0o7777),
+        "extension": std::path::Path::new(&entry.name).extension().map(|e| e.to_string_lossy().into_owned()),
+    })
+}
+
+/// Every entry under `path`, `depth` levels down (at most
+/// [`MAX_ENTRIES`]).
+async fn walk(aio: &Aio, id: &str, path: &str, depth: u32) -> Result<Vec<FileInfo>, DaemonError> {
+    let mut entries = aio.api.daemon.list_dir_all(id, path, depth).await?;
+    entries.truncate(MAX_ENTRIES);
+    Ok(entries)
+}
+
+/// `POST /v1/file/list`.
+pub(super) async fn list(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    bytes: Bytes,
+) -> Response {
+    let request: List = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let depth = if request.recursive {
+        request
+            .max_depth
+            .unwrap_or(airlock_protocol::MAX_LIST_DEPTH)
+    } else {
+        1
+    }
+    .clamp(1, airlock_protocol::MAX_LIST_DEPTH);
+    let root = request.path.trim_end_matches('/').to_owned();
+    let entries = match walk(&aio, &id, &request.path, depth).await {
+        Ok(entries) => entries,
+        Err(e) => return daemon_failed(e),
+    };
+    let files: Vec<serde_json::Value> = entries
+        .iter()
+        .filter(|e| request.show_hidden || !is_hidden(&root, e))
+        .filter(|e| {
+            request.file_types.as_ref().is_none_or(|types| {
+                e.kind == FileKind::Dir || types.iter().any(|t| e.name.ends_with(t.as_str()))
+            })
+        })
+        .map(info)
+        .collect();
+    let directories = files.iter().filter(|f| f["is_directory"] == true).count();
+    ok(json!({
+        "path": request.path,
+        "files": files,
+        "total_count": files.len(),
+        "directory_count": directories,
+        "file_count": files.len() - directories,
+    }))
+}
+
+#[derive(Deserialize)]
+pub(super) struct Find {
+    path: String,
+    glob: String,
+}
+
+/// Whether `text` matches the shell glob `pattern` (`*`, `?`, `[...]`;
+/// `**/` matches any number of directories, `*` none of `/`).
+pub(super) fn glob_matches(pattern: &str, text: &str) -> bool {
+    fn go(p: &[u8], t: &[u8]) -> bool {
+        match p.first() {
+            None => t.is_empty(),
+            Some(b'*') if p.get(1) == Some(&b'*') => {
+                // `**/` (or a trailing `**`): any run of whole directories.
+                let rest = if p.get(2) == Some(&b'/') {
+                    &p[3..]
+                } else {
+                    &p[2..]
+                };
+                if go(rest, t) {
+                    return true;
+                }
+                t.iter()
+                    .enumerate()
+                    .filter(|(_, b)| **b == b'/')
+                    .any(|(i, _)| go(rest, &t[i + 1..]))
+                    || (rest.is_empty())
+            }
+            Some(b'*') => (0..=t.len())
+                .take_while(|i| *i == 0 || t[i - 1] != b'/')
+                .any(|i| go(&p[1..], &t[i..])),
+            Some(b'?') => t.first().is_some_and(|c| *c != b'/') && go(&p[1..], &t[1..]),
+            Some(b'[') => {
+                let Some(end) = p.iter().skip(1).position(|b| *b == b']').map(|i| i + 1) else {
+                    return t.first() == Some(&b'[') && go(&p[1..], &t[1..]);
+                };
+                let Some(c) = t.first() else { return false };
+                let class = &p[1..end];
+                let (negated, class) = match class.first() {
+                    Some(b'!') | Some(b'^') => (true, &class[1..]),
+                    _ => (false, class),
+                };
+                let mut hit = false;
+                let mut i = 0;
+                while i < class.len() {
+                    if i + 2 < class.len() && class[i + 1] == b'-' {
+                        hit |= (class[i]..=class[i + 2]).contains(c);
+                        i += 3;
+                    } else {
+                        hit |= class[i] == *c;
+                        i += 1;
+                    }
+                }
+                hit != negated && go(&p[end + 1..], &t[1..])
+            }
+            Some(b) => t.first() == Some(b) && go(&p[1..], &t[1..]),
+        }
+    }
+    go(pattern.as_bytes(), text.as_bytes())
+}
+
+/// `POST /v1/file/find`: files under `path` whose path relative to it
+/// matches `glob` (a pattern without `/` matches names at any depth).
+pub(super) async fn find(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    bytes: Bytes,
+) -> Response {
+    let request: Find = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let root = request.path.trim_end_matches('/').to_owned();
+    let entries = match walk(&aio, &id, &request.path, airlock_protocol::MAX_LIST_DEPTH).await {
+        Ok(entries) => entries,
+        Err(e) => return daemon_failed(e),
+    };
+    let files: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.kind == FileKind::File)
+        .filter(|e| {
+            let relative = e
+                .path
+                .strip_prefix(&root)
+                .unwrap_or(&e.path)
+                .trim_start_matches('/');
+            if request.glob.contains('/') {
+                glob_matches(&request.glob, relative)
+            } else {
+                glob_matches(&request.glob, &e.name)
+            }
+        })
+        .map(|e| e.path.as_str())
+        .collect();
+    ok(json!({"path": request.path, "files": files}))
+}
+
+#[derive(Deserialize)]
+pub(super) struct Grep {
+    path: String,
+    pattern: String,
+    #[serde(default)]
+    case_insensitive: bool,
+    #[serde(default)]
+    fixed_strings: bool,
+    max_results: Option<usize>,
+    max_file_size: Option<String>,
+    include: Option<Vec<String>>,
+    exclude: Option<Vec<String>>,
+    #[serde(default = "yes")]
+    recursive: bool,
+}
+
+/// `"1M"`, `"500K"`, `"2048"` in bytes.
+fn size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((at, _)) => text.split_at(at),
+        None => (text, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let unit = match unit.trim().to_ascii_uppercase().trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+/// `POST /v1/file/grep`: matching lines of the text files under `path`.
+pub(super) async fn grep(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    bytes: Bytes,
+) -> Response {
+    let request: Grep = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let max_results = request.max_results.unwrap_or(500).clamp(1, 10_000);
+    let max_size = match request.max_file_size.as_deref().map(size) {
+        None => 1 << 20,
+        Some(Some(n)) => n.min(MAX_READ),
+        Some(None) => return failed(StatusCode::BAD_REQUEST, "max_file_size: e.g. 1M or 500K"),
+    };
+    let source = if request.fixed_strings {
+        regex::escape(&request.pattern)
+    } else {
+        request.pattern.clone()
+    };
+    let matcher = match regex::RegexBuilder::new(&source)
+        .case_insensitive(request.case_insensitive)
+        .size_limit(1 << 20)
+        .build()
+    {
+        Ok(matcher) => matcher,
+        Err(e) => return failed(StatusCode::BAD_REQUEST, format!("pattern: {e}")),
+    };
+    let depth = if request.recursive {
+        airlock_protocol::MAX_LIST_DEPTH
+    } else {
+        1
+    };
+    let entries = match walk(&aio, &id, &request.path, depth).await {
+        Ok(entries) => entries,
+        Err(e) => return daemon_failed(e),
+    };
+    let wanted = |name: &str| {
+        request
+            .include
+            .as_ref()
+            .is_none_or(|globs| globs.iter().any(|g| glob_matches(g, name)))
+            && !request
+                .exclude
+                .as_ref()
+                .is_some_and(|globs| globs.iter().any(|g| glob_matches(g, name)))
+    };
+    let mut matches = Vec::new();
+    let (mut searched, mut matched_files, mut truncated) = (0usize, 0usize, false);
+    'files: for entry in entries.iter().filter(|e| e.kind == FileKind::File) {
+        if entry.size as usize > max_size || !wanted(&entry.name) {
+            continue;
+        }
+        let Ok(content) = read_whole(&aio, &id, &entry.path, max_size, &request_id.0).await else {
+            continue;
+        };
+        // Binary files are skipped, as grep does by default.
+        if content.contains(&0) {
+            continue;
+        }
+        searched += 1;
+        let text = String::from_utf8_lossy(&content);
+        let mut hit = false;
+        for (number, line) in text.lines().enumerate() {
+            if matcher.is_match(line) {
+                if matches.len() == max_results {
+                    truncated = true;
+                    break 'files;
+                }
+                hit = true;
+                matches.push(json!({
+                    "file": entry.path,
+                    "line_number": number + 1,
+                    "line_content": line,
+                }));
+            }
+        }
+        matched_files += usize::from(hit);
+    }
+    ok(json!({
+        "path": request.path,
+        "pattern": request.pattern,
+        "matches": matches,
+        "match_count": matches.len(),
+        "files_searched": searched,
+        "files_matched": matched_files,
+        "truncated": truncated,
+    }))
+}
+
+#[derive(Deserialize)]
+pub(super) struct Download {
+    path: String,
+}
+
+/// `GET /v1/file/download?path=`: the bytes, streamed.
+pub(super) async fn download(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    query: Result<Query<Download>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(request)) = query else {
+        return failed(StatusCode::UNPROCESSABLE_ENTITY, "path is required");
+    };
+    let reader = match aio
+        .api
+        .daemon
+        .read_file(&id, &request.path, &request_id.0)
+        .await
+    {
+        Ok(reader) => reader,
+        Err(e) => return daemon_failed(e),
+    };
+    let stream = futures_util::stream::unfold(reader, |mut reader| async move {
+        match reader.next_chunk().await? {
+            Ok(chunk) => Some((Ok::<Bytes, std::io::Error>(Bytes::from(chunk)), reader)),
+            // Headers are gone: break the body off rather than end it short.
+            Err(e) => Some((Err(std::io::Error::other(e.to_string())), reader)),
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_as_a_shell_would() {
+        assert!(glob_matches("*.py", "a.py"));
+        assert!(!glob_matches("*.py", "dir/a.py"));
+        assert!(glob_matches("**/*.py", "dir/sub/a.py"));
+        assert!(glob_matches("**/*.py", "a.py"));
+        assert!(glob_matches("src/**", "src/a/b"));
+        assert!(glob_matches("file?.[ct]xt", "file1.txt"));
+        assert!(!glob_matches("file?.[!ct]xt", "file1.txt"));
+        assert!(glob_matches("[a-c]*", "beta"));
+        assert!(!glob_matches("a*b", "a/b"));
+    }
+
+    #[test]
+    fn sizes_read_as_grep_takes_them() {
+        assert_eq!(size("1M"), Some(1 << 20));
+        assert_eq!(size("500K"), Some(500 << 10));
+        assert_eq!(size("2048"), Some(2048));
+        assert_eq!(size("1Q"), None);
+    }
+}

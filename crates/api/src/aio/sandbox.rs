@@ -1,0 +1,483 @@
+//! The AIO API of one sandbox, under `/aio/{sandbox id}/{access token}/`.
+//!
+//! The token in the path is the sandbox's access token: a request whose
+//! token is not that sandbox's is answered 404, exactly as one for a
+//! sandbox that does not exist (nothing tells which it was).
+
+use super::shell::{Sessions, ShellError, Timeouts, IMPLICIT};
+use super::{failed, ok};
+use crate::{Api, RequestId};
+use airlock_daemon::processes::ExecRequest;
+use airlock_daemon::{DaemonError, Output};
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where every sandbox's AIO API is served.
+pub const PREFIX: &str = "/aio/";
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(super) struct Aio {
+    pub api: Api,
+    pub sessions: Sessions,
+}
+
+/// The sandbox a request is for, once its token is checked.
+#[derive(Clone)]
+pub(super) struct Target(pub String);
+
+pub(super) fn router(api: Api, sessions: Sessions) -> Router {
+    let aio = Aio { api, sessions };
+    let v1 = Router::new()
+        .route("/v1/sandbox", get(context))
+        .route("/v1/shell/exec", post(shell_exec))
+        .route("/v1/shell/sessions/create", post(create_session))
+        .route("/v1/shell/sessions", get(list_sessions).delete(cleanup_all))
+        .route("/v1/shell/sessions/{session}", delete(cleanup_session))
+        .route("/v1/shell/kill", post(kill_session))
+        .route("/v1/bash/exec", post(bash_exec))
+        .route("/v1/file/read", post(super::files::read))
+        .route("/v1/file/write", post(super::files::write))
+        .route("/v1/file/list", post(super::files::list))
+        .route("/v1/file/find", post(super::files::find))
+        .route("/v1/file/grep", post(super::files::grep))
+        .route("/v1/file/download", get(super::files::download));
+    Router::new()
+        .nest("/aio/{id}/{token}", v1)
+        .fallback(no_route)
+        .layer(axum::middleware::from_fn_with_state(aio.clone(), authorize))
+        .with_state(aio)
+}
+
+async fn no_route() -> Response {
+    failed(StatusCode::NOT_FOUND, "Not Found")
+}
+
+/// Checks the token in the path against the sandbox's.
+async fn authorize(State(aio): State<Aio>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    let mut parts = path.strip_prefix(PREFIX).unwrap_or_default().splitn(3, '/');
+    let (Some(id), Some(token)) = (parts.next(), parts.next()) else {
+        return no_route().await;
+    };
+    // One that ended is gone for this API (a paused one is there, and
+    // its calls answer 409 until it is resumed).
+    let known = super::is_sandbox_id(id)
+        && aio.api.daemon.access_token_matches(id, token)
+        && (aio.api.daemon.running(id).is_ok() || aio.api.daemon.is_paused(id));
+    if !known {
+        return failed(StatusCode::NOT_FOUND, "Sandbox not found");
+    }
+    let id = id.to_owned();
+    request.extensions_mut().insert(Target(id.clone()));
+    let mut response = next.run(request).await;
+    // The audit trail names the sandbox's token as the caller.
+    response
+        .extensions_mut()
+        .insert(crate::auth::Caller::Sandbox(id));
+    response
+}
+
+/// The body as `T`; an absent body is `{}` (the client sends none when
+/// every field is left out).
+pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, BadBody> {
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| BadBody(e.to_string()))
+}
+
+/// A body that is not the request's JSON: FastAPI's 422, which the
+/// client reads.
+#[derive(Debug)]
+pub(super) struct BadBody(String);
+
+impl IntoResponse for BadBody {
+    fn into_response(self) -> Response {
+        let detail = json!({"detail": [{"loc": ["body"], "msg": self.0, "type": "value_error"}]});
+        (StatusCode::UNPROCESSABLE_ENTITY, Json(detail)).into_response()
+    }
+}
+
+/// A daemon error as an AIO answer.
+pub(super) fn daemon_failed(e: DaemonError) -> Response {
+    let e = crate::error::ApiError::from(e);
+    failed(e.status, e.message)
+}
+
+/// `GET /v1/sandbox`: readiness and what the sandbox is (at the top level,
+/// not in `data`).
+async fn context(State(aio): State<Aio>, Extension(Target(id)): Extension<Target>) -> Response {
+    if let Err(e) = aio.api.daemon.running(&id) {
+        return daemon_failed(e);
+    }
+    Json(json!({
+        "success": true,
+        "message": "Operation successful",
+        "home_dir": "/home/user",
+        "workspace": "/mnt/user-data/workspace",
+        "version": env!("CARGO_PKG_VERSION"),
+        "detail": {
+            "system": {
+                "os": "linux",
+                "os_version": "",
+                "arch": std::env::consts::ARCH,
+                "user": "user",
+                "home_dir": "/home/user",
+                "workspace": "/mnt/user-data/workspace",
+                "timezone": "UTC",
+                "occupied_ports": [],
+            },
+            "runtime": {"python": [], "nodejs": []},
+            "utils": [],
+        },
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct ShellExec {
+    command: String,
+    id: Option<String>,
+    exec_dir: Option<String>,
+    no_change_timeout: Option<f64>,
+    hard_timeout: Option<f64>,
+    timeout: Option<f64>,
+    #[serde(default = "yes")]
+    truncate: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Seconds from the wire, within reason.
+fn seconds(value: Option<f64>) -> Option<Duration> {
+    value
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(|s| Duration::from_secs_f64(s.min(86_400.0)))
+}
+
+/// Most characters of output an answer carries when `truncate` is on.
+const TRUNCATE_AT: usize = 30_000;
+
+/// The first and last halves of `text` past `limit` characters.
+pub(super) fn middle_cut(text: String, limit: usize) -> String {
+    let count = text.chars().count();
+    if limit == 0 || count <= limit {
+        return text;
+    }
+    let head: String = text.chars().take(limit / 2).collect();
+    let tail: String = text.chars().skip(count - limit / 2).collect();
+    format!(
+        "{head}\n... [{} characters truncated] ...\n{tail}",
+        count - limit
+    )
+}
+
+/// `POST /v1/shell/exec`.
+async fn shell_exec(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    bytes: axum::body::Bytes,
+) -> Response {
+    let request: ShellExec = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let session = match &request.id {
+        Some(name) => match aio.sessions.get(&id, name) {
+            Some(session) => session,
+            None => return failed(StatusCode::NOT_FOUND, "Session not found"),
+        },
+        None => aio.sessions.open(&id, IMPLICIT, request.exec_dir.clone()),
+    };
+    let command = match &request.exec_dir {
+        Some(dir) => format!("cd {} && {}", shell_quote(dir), request.command),
+        None => request.command.clone(),
+    };
+    let timeouts = Timeouts {
+        no_change: seconds(request.no_change_timeout)
+            .or(seconds(request.timeout))
+            .unwrap_or(Duration::from_secs(120)),
+        hard: seconds(request.hard_timeout),
+    };
+    match session
+        .run(&aio.api, &id, &command, &timeouts, &request_id.0)
+        .await
+    {
+        Ok(ran) => {
+            let output = if request.truncate {
+                middle_cut(ran.output, TRUNCATE_AT)
+            } else {
+                ran.output
+            };
+            ok(json!({
+                "session_id": session.id,
+                "command": request.command,
+                "status": ran.status.as_str(),
+                "output": output,
+                "console": [{"ps1": format!("{} $", session.working_dir()), "command": request.command, "output": output}],
+                "exit_code": ran.exit_code,
+            }))
+        }
+        Err(ShellError::NoSession) => failed(StatusCode::NOT_FOUND, "Session not found"),
+        Err(ShellError::Daemon(e)) => {
+            if matches!(e, DaemonError::NotRunning(_) | DaemonError::NotFound(_)) {
+                aio.sessions.forget_sandbox(&id);
+            }
+            daemon_failed(e)
+        }
+    }
+}
+
+/// `'text'` for a POSIX shell.
+pub(super) fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+#[derive(Deserialize)]
+struct CreateSession {
+    id: Option<String>,
+    exec_dir: Option<String>,
+}
+
+fn is_session_id(text: &str) -> bool {
+    (1..=128).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// `POST /v1/shell/sessions/create`: idempotent for an id that exists.
+async fn create_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    bytes: axum::body::Bytes,
+) -> Response {
+    let request: CreateSession = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let name = request
+        .id
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    if !is_session_id(&name) {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "id: 1 to 128 letters, digits, '-', '_' or '.'",
+        );
+    }
+    if let Err(e) = aio.api.daemon.running(&id) {
+        return daemon_failed(e);
+    }
+    let session = aio.sessions.open(&id, &name, request.exec_dir);
+    ok(json!({"session_id": session.id, "working_dir": session.working_dir()}))
+}
+
+/// `GET /v1/shell/sessions`.
+async fn list_sessions(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+) -> Response {
+    let sessions: serde_json::Map<String, serde_json::Value> = aio
+        .sessions
+        .of(&id)
+        .iter()
+        .map(|s| (s.id.clone(), s.info()))
+        .collect();
+    ok(json!({"sessions": sessions}))
+}
+
+/// `DELETE /v1/shell/sessions/{session}`.
+async fn cleanup_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Path(params): Path<BTreeMap<String, String>>,
+) -> Response {
+    let name = params.get("session").cloned().unwrap_or_default();
+    match aio.sessions.remove(&id, &name) {
+        Some(session) => {
+            session.kill(&aio.api, &id).await;
+            ok(json!(null))
+        }
+        None => failed(StatusCode::NOT_FOUND, "Session not found"),
+    }
+}
+
+/// `DELETE /v1/shell/sessions`.
+async fn cleanup_all(State(aio): State<Aio>, Extension(Target(id)): Extension<Target>) -> Response {
+    for session in aio.sessions.of(&id) {
+        aio.sessions.remove(&id, &session.id);
+        session.kill(&aio.api, &id).await;
+    }
+    ok(json!(null))
+}
+
+#[derive(Deserialize)]
+struct KillSession {
+    id: String,
+}
+
+/// `POST /v1/shell/kill`: ends what the session runs (and the session's
+/// shell; its next command starts a fresh one).
+async fn kill_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    bytes: axum::body::Bytes,
+) -> Response {
+    let request: KillSession = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    match aio.sessions.remove(&id, &request.id) {
+        Some(session) => {
+            session.kill(&aio.api, &id).await;
+            ok(json!({"status": "terminated", "exit_code": null, "returncode": null}))
+        }
+        None => failed(StatusCode::NOT_FOUND, "Session not found"),
+    }
+}
+
+#[derive(Deserialize)]
+struct BashExec {
+    command: String,
+    #[serde(default)]
+    env: BTreeMap<String, Option<String>>,
+    exec_dir: Option<String>,
+    hard_timeout: Option<f64>,
+    max_output_length: Option<usize>,
+}
+
+/// How long a one-shot command may run when the call sets no limit.
+const BASH_DEFAULT_LIMIT: Duration = Duration::from_secs(600);
+
+/// `POST /v1/bash/exec`: one command in a fresh shell, stdout and stderr
+/// apart.
+async fn bash_exec(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    bytes: axum::body::Bytes,
+) -> Response {
+    let request: BashExec = match body(&bytes) {
+        Ok(request) => request,
+        Err(refused) => return refused.into_response(),
+    };
+    let env: BTreeMap<String, String> = request
+        .env
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect();
+    let limit = seconds(request.hard_timeout).unwrap_or(BASH_DEFAULT_LIMIT);
+    let started = aio
+        .api
+        .daemon
+        .exec(
+            &id,
+            ExecRequest {
+                cmd: "/bin/sh".into(),
+                args: vec![
+                    "-c".into(),
+                    "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc -c \"$0\"; else exec sh -c \"$0\"; fi".into(),
+                    request.command.clone(),
+                ],
+                env,
+                cwd: request.exec_dir,
+                user: None,
+                timeout_ms: Some(limit.as_millis() as u64),
+                stdin: false,
+                pty: None,
+                tag: None,
+            },
+            &request_id.0,
+        )
+        .await;
+    let (hub, mut attached) = match started {
+        Ok(started) => started,
+        Err(e) => return daemon_failed(e),
+    };
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    let keep = request.max_output_length.unwrap_or(50_000);
+    let mut exit = None;
+    while let Some(item) = attached.next().await {
+        match item {
+            Output::Stdout(bytes) => stdout.extend_from_slice(&bytes),
+            Output::Stderr(bytes) => stderr.extend_from_slice(&bytes),
+            Output::Exited(info) => {
+                exit = Some(info);
+                break;
+            }
+            Output::Error { message, .. } => {
+                return failed(StatusCode::INTERNAL_SERVER_ERROR, message);
+            }
+        }
+        // Bounded here too: the client asked for at most `keep` characters.
+        for stream in [&mut stdout, &mut stderr] {
+            let cap = keep.max(1).saturating_mul(8).max(1 << 20);
+            if stream.len() > cap {
+                let cut = stream.len() - cap / 2;
+                stream.drain(cap / 2..cut);
+            }
+        }
+    }
+    let (status, code) = match &exit {
+        Some(info) if info.timed_out => ("timed_out", None),
+        Some(info) if info.signal.is_some() => ("killed", None),
+        Some(info) => ("completed", info.exit_code),
+        None => ("killed", None),
+    };
+    let text = |bytes: Vec<u8>| middle_cut(String::from_utf8_lossy(&bytes).into_owned(), keep);
+    ok(json!({
+        "session_id": format!("oneshot-{}", hub.pid),
+        "command_id": hub.pid.to_string(),
+        "command": request.command,
+        "status": status,
+        "stdout": text(stdout),
+        "stderr": text(stderr),
+        "exit_code": code,
+        "offset": 0,
+        "stderr_offset": 0,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_output_loses_its_middle() {
+        assert_eq!(middle_cut("short".into(), 10), "short");
+        let cut = middle_cut("a".repeat(50) + &"b".repeat(50), 20);
+        assert!(cut.starts_with("aaaaaaaaaa\n"));
+        assert!(cut.ends_with("\nbbbbbbbbbb"));
+        assert!(cut.contains("80 characters truncated"));
+    }
+
+    #[test]
+    fn quoting_survives_quotes() {
+        assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
+    }
+
+    #[test]
+    fn an_empty_body_is_an_empty_object() {
+        #[derive(Deserialize)]
+        struct Opt {
+            id: Option<String>,
+        }
+        assert!(body::<Opt>(b"").unwrap().id.is_none());
+        assert!(body::<Opt>(b"{\"id\":\"x\"}").unwrap().id.is_some());
+        assert!(body::<Opt>(b"[").is_err());
+    }
+}
