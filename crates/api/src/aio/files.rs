@@ -2,7 +2,7 @@
 //! the daemon's file operations (the agent, inside the sandbox): the
 //! host never opens a path a sandbox names.
 
-use super::sandbox::{body, daemon_failed, Aio, Target};
+use super::sandbox::{daemon_failed, Aio, AioJson, Target};
 use super::{failed, ok};
 use crate::RequestId;
 use airlock_daemon::files::WriteMode;
@@ -56,12 +56,8 @@ pub(super) async fn read(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
     Extension(request_id): Extension<RequestId>,
-    bytes: Bytes,
+    AioJson(request): AioJson<Read>,
 ) -> Response {
-    let request: Read = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let content = match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
         Ok(content) => String::from_utf8_lossy(&content).into_owned(),
         Err(e) => return daemon_failed(e),
@@ -98,12 +94,8 @@ pub(super) async fn write(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
     Extension(request_id): Extension<RequestId>,
-    bytes: Bytes,
+    AioJson(request): AioJson<Write>,
 ) -> Response {
-    let request: Write = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let mut data = match request.encoding.as_deref() {
         None | Some("utf-8") | Some("utf8") | Some("raw") => request.content.into_bytes(),
         Some("base64") => match base64::engine::general_purpose::STANDARD.decode(request.content) {
@@ -211,12 +203,8 @@ async fn walk(aio: &Aio, id: &str, path: &str, depth: u32) -> Result<Vec<FileInf
 pub(super) async fn list(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
-    bytes: Bytes,
+    AioJson(request): AioJson<List>,
 ) -> Response {
-    let request: List = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let depth = if request.recursive {
         request
             .max_depth
@@ -316,12 +304,8 @@ pub(super) fn glob_matches(pattern: &str, text: &str) -> bool {
 pub(super) async fn find(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
-    bytes: Bytes,
+    AioJson(request): AioJson<Find>,
 ) -> Response {
-    let request: Find = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let root = request.path.trim_end_matches('/').to_owned();
     let entries = match walk(&aio, &id, &request.path, airlock_protocol::MAX_LIST_DEPTH).await {
         Ok(entries) => entries,
@@ -386,12 +370,8 @@ pub(super) async fn grep(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
     Extension(request_id): Extension<RequestId>,
-    bytes: Bytes,
+    AioJson(request): AioJson<Grep>,
 ) -> Response {
-    let request: Grep = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let max_results = request.max_results.unwrap_or(500).clamp(1, 10_000);
     let max_size = match request.max_file_size.as_deref().map(size) {
         None => 1 << 20,

@@ -97,6 +97,23 @@ pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Ba
     serde_json::from_slice(bytes).map_err(|e| BadBody(e.to_string()))
 }
 
+/// The request's JSON body as `T` (see [`body`]); a bad one is answered
+/// with [`BadBody`].
+pub(super) struct AioJson<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for AioJson<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        body(&bytes)
+            .map(AioJson)
+            .map_err(IntoResponse::into_response)
+    }
+}
+
 /// A body that is not the request's JSON: FastAPI's 422, which the
 /// client reads.
 #[derive(Debug)]
@@ -190,12 +207,8 @@ async fn shell_exec(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
     Extension(request_id): Extension<RequestId>,
-    bytes: axum::body::Bytes,
+    AioJson(request): AioJson<ShellExec>,
 ) -> Response {
-    let request: ShellExec = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let session = match &request.id {
         Some(name) => match aio.sessions.get(&id, name) {
             Some(session) => session,
@@ -264,12 +277,8 @@ fn is_session_id(text: &str) -> bool {
 async fn create_session(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
-    bytes: axum::body::Bytes,
+    AioJson(request): AioJson<CreateSession>,
 ) -> Response {
-    let request: CreateSession = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let name = request
         .id
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
@@ -335,12 +344,8 @@ struct KillSession {
 async fn kill_session(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
-    bytes: axum::body::Bytes,
+    AioJson(request): AioJson<KillSession>,
 ) -> Response {
-    let request: KillSession = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     match aio.sessions.remove(&id, &request.id) {
         Some(session) => {
             session.kill(&aio.api, &id).await;
@@ -369,12 +374,8 @@ async fn bash_exec(
     State(aio): State<Aio>,
     Extension(Target(id)): Extension<Target>,
     Extension(request_id): Extension<RequestId>,
-    bytes: axum::body::Bytes,
+    AioJson(request): AioJson<BashExec>,
 ) -> Response {
-    let request: BashExec = match body(&bytes) {
-        Ok(request) => request,
-        Err(refused) => return refused.into_response(),
-    };
     let env: BTreeMap<String, String> = request
         .env
         .into_iter()
