@@ -14,15 +14,18 @@ longer than its deadline (default 90 s, `@pytest.mark.deadline(S)` to
 change) fails instead of hanging the run.
 """
 
-import faulthandler
 import importlib.metadata
 import inspect
 import os
-import signal
+import pathlib
+import sys
 import time
 import uuid
 
 import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "common"))
+from deadlines import deadline_fixture  # noqa: E402
 from packaging.version import Version
 
 from e2b import AsyncSandbox, Sandbox
@@ -58,33 +61,7 @@ def pytest_report_header(config):
     )
 
 
-class DeadlineExceeded(Exception):
-    pass
-
-
-@pytest.fixture(autouse=True)
-def deadline(request):
-    """Fails the test (SIGALRM in the main thread) past its deadline."""
-    marker = request.node.get_closest_marker("deadline")
-    seconds = int(marker.args[0]) if marker else DEFAULT_DEADLINE
-
-    def expired(signum, frame):
-        raise DeadlineExceeded(
-            f"{request.node.nodeid} still running after {seconds}s: a hang"
-        )
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    # A call blocked outside Python may never see the alarm: then, a little
-    # later, dump every thread's stack and end the run (a loud failure, not
-    # a hang).
-    faulthandler.dump_traceback_later(seconds + 30, exit=True)
-    try:
-        yield seconds
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+deadline = deadline_fixture(DEFAULT_DEADLINE)
 
 
 @pytest.fixture

@@ -124,27 +124,14 @@ fn e2b_env(command: &mut Command, daemon: &TestDaemon) {
         .env("E2B_SANDBOX_URL", &daemon.url)
         // Volumes' content calls go here (they never read E2B_API_URL).
         .env("E2B_VOLUME_API_URL", &daemon.url)
-        .env("E2B_API_KEY", &daemon.key)
-        .env("NO_COLOR", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("PYTHONUNBUFFERED", "1")
-        .env("NO_PROXY", "127.0.0.1,localhost")
-        .env("no_proxy", "127.0.0.1,localhost");
+        .env("E2B_API_KEY", &daemon.key);
+    common::client_env(command);
     for name in [
         "E2B_DOMAIN",
         "E2B_DEBUG",
         "E2B_ACCESS_TOKEN",
         "E2B_HTTP_VERSION",
         "E2B_VALIDATE_API_KEY",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-        "PYTHONPATH",
-        "NODE_OPTIONS",
-        "NODE_PATH",
     ] {
         command.env_remove(name);
     }

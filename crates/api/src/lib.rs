@@ -15,6 +15,7 @@
 
 pub mod aio;
 pub mod auth;
+pub mod dialect;
 pub mod e2b;
 pub mod error;
 mod files;
@@ -245,6 +246,12 @@ pub struct Dialects {
 /// Every route of the daemon.
 pub fn router_with(daemon: Daemon, dialects: Dialects) -> Router {
     let api = Api { daemon };
+    // The dialects, asked in this order: e2b's first (its envd `/health`
+    // carries its headers; DeerFlow's provisioner `/health` does not).
+    let served = dialect::Dialects::new(vec![
+        std::sync::Arc::new(e2b::Routers::new(api.clone())),
+        std::sync::Arc::new(aio::Routers::new(api.clone(), dialects.aio)),
+    ]);
     let (routes, document) = parts(api.clone());
     let document = std::sync::Arc::new(document);
     routes
@@ -264,14 +271,10 @@ pub fn router_with(daemon: Daemon, dialects: Dialects) -> Router {
         ))
         .layer(axum::middleware::from_fn(read_whole_body))
         .layer(axum::middleware::from_fn_with_state(
-            aio::Routers::new(api.clone(), dialects.aio),
-            aio::demux,
+            served.clone(),
+            dialect::demux,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            e2b::Routers::new(api.clone()),
-            e2b::demux,
-        ))
-        .layer(axum::middleware::from_fn_with_state(api, observe))
+        .layer(axum::middleware::from_fn_with_state((api, served), observe))
 }
 
 /// Whether the request streams its body to the handler (uploads).
@@ -385,22 +388,18 @@ fn request_id_of(request: &Request) -> String {
 
 /// Gives each request its id, records it in the access stream and the
 /// response metrics.
-async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Response {
+async fn observe(
+    State((api, dialects)): State<(Api, dialect::Dialects)>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
     let id = request_id_of(&request);
     let method = request.method().to_string();
     let path = request.uri().path().to_owned();
-    // e2b calls into a sandbox name it in a header, not in the path.
-    let e2b_sandbox = request
-        .headers()
-        .get(e2b::SANDBOX_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let audited = (path.starts_with("/v1/") && path != "/v1/openapi.json")
-        || e2b_sandbox.is_some()
-        || e2b::is_control_path(&path)
-        || path.starts_with("/api/")
-        || aio::is_sandbox_path(&path);
+    // A dialect's request is recorded as the dialect says.
+    let by_dialect = dialects.audited(&path, request.headers());
+    let audited = (path.starts_with("/v1/") && path != "/v1/openapi.json") || by_dialect.is_some();
     request.extensions_mut().insert(RequestId(id.clone()));
     let mut response = next.run(request).await;
     let status = response.status();
@@ -414,11 +413,8 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
     if audited {
         let sandbox = path
             .strip_prefix("/v1/sandboxes/")
-            .or_else(|| path.strip_prefix("/sandboxes/"))
-            .or_else(|| path.strip_prefix("/v2/sandboxes/"))
             .map(|rest| rest.split('/').next().unwrap_or(rest))
-            .or(e2b_sandbox.as_deref())
-            .or_else(|| aio::sandbox_of(&path))
+            .or(by_dialect.as_ref().and_then(|a| a.sandbox.as_deref()))
             .filter(|id| {
                 id.strip_prefix("sbx-").is_some_and(|hex| {
                     (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
@@ -441,7 +437,7 @@ async fn observe(State(api): State<Api>, mut request: Request, next: Next) -> Re
             Some(&id),
             json!({
                 "method": method,
-                "path": aio::redacted(&path),
+                "path": by_dialect.as_ref().map_or(path.as_str(), |a| a.path.as_str()),
                 "status": status.as_u16(),
                 "caller": caller,
                 "duration_ms": started.elapsed().as_millis() as u64,

@@ -175,3 +175,29 @@ pub fn assert_no_leftovers(id: &str) {
         }
     }
 }
+
+/// Sets what a client test program (pytest, node) runs with against a
+/// local daemon: no colour, unbuffered, nothing written beside the tests,
+/// loopback never proxied; and takes away what of the host's environment
+/// could reroute the clients or change what they import.
+pub fn client_env(command: &mut std::process::Command) {
+    command
+        .env("NO_COLOR", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .env("NO_PROXY", "127.0.0.1,localhost")
+        .env("no_proxy", "127.0.0.1,localhost");
+    for name in [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "PYTHONPATH",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+    ] {
+        command.env_remove(name);
+    }
+}

@@ -26,8 +26,7 @@ pub mod sandbox;
 mod shell;
 
 use crate::Api;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use std::path::PathBuf;
@@ -89,25 +88,48 @@ pub fn redacted(path: &str) -> std::borrow::Cow<'_, str> {
     format!("{}{id}/-/{tail}", sandbox::PREFIX).into()
 }
 
-/// Sends AIO requests to the AIO routers and everything else on. Their
-/// bodies are small JSON read whole by the handlers; the provisioner
-/// authenticates with `X-API-Key`, a sandbox's API by its URL.
-pub async fn demux(State(routers): State<Routers>, request: Request, next: Next) -> Response {
-    let path = request.uri().path();
-    let router = if is_provisioner_path(path) {
-        &routers.provisioner
-    } else if is_sandbox_path(path) {
-        &routers.sandbox
-    } else {
-        return next.run(request).await;
-    };
-    let request = match crate::buffered(request).await {
-        Ok(request) => request,
-        Err(refused) => return refused,
-    };
-    match router.clone().oneshot(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
+impl crate::dialect::Dialect for Routers {
+    /// The provisioner's paths and everything under a sandbox's prefix.
+    fn claim(&self, request: &mut Request) -> bool {
+        let path = request.uri().path();
+        is_provisioner_path(path) || is_sandbox_path(path)
+    }
+
+    fn audited(
+        &self,
+        path: &str,
+        _headers: &axum::http::HeaderMap,
+    ) -> Option<crate::dialect::Audited> {
+        if path.starts_with("/api/") {
+            return Some(crate::dialect::Audited {
+                sandbox: None,
+                path: path.to_owned(),
+            });
+        }
+        is_sandbox_path(path).then(|| crate::dialect::Audited {
+            sandbox: sandbox_of(path).map(str::to_owned),
+            path: redacted(path).into_owned(),
+        })
+    }
+
+    /// Their bodies are small JSON read whole here; the provisioner
+    /// authenticates with `X-API-Key`, a sandbox's API by its URL.
+    fn serve(&self, request: Request) -> futures_util::future::BoxFuture<'static, Response> {
+        let router = if is_provisioner_path(request.uri().path()) {
+            self.provisioner.clone()
+        } else {
+            self.sandbox.clone()
+        };
+        Box::pin(async move {
+            let request = match crate::buffered(request).await {
+                Ok(request) => request,
+                Err(refused) => return refused,
+            };
+            match router.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        })
     }
 }
 

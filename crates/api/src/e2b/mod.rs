@@ -2,7 +2,8 @@
 //! `e2b-code-interpreter` call, served on the daemon's one port.
 //!
 //! With `E2B_API_URL` and `E2B_SANDBOX_URL` both pointing at the daemon, the
-//! SDKs send two kinds of requests, told apart here (see [`demux`]):
+//! SDKs send two kinds of requests, told apart here (see [`Routers`], the
+//! dialect's [`crate::dialect::Dialect`]):
 //!
 //! - the **control plane** (`/sandboxes…`, `/v2/sandboxes…`): create, list,
 //!   connect, kill, timeouts, metrics — [`control`];
@@ -23,8 +24,7 @@ pub mod sandbox;
 pub mod volumes;
 
 use crate::Api;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::Response;
 use axum::Router;
 use tower::ServiceExt;
@@ -88,88 +88,123 @@ impl Routers {
     }
 }
 
-/// Sends e2b requests to the e2b routers and everything else on to the
-/// native API. Runs before the native body buffering and authentication:
-/// the e2b routers authenticate the e2b way and stream their own bodies
-/// (Connect client streams end only when the client ends them).
-pub async fn demux(State(routers): State<Routers>, request: Request, next: Next) -> Response {
-    // A template build's files: streamed, authorised by their URL.
-    if control::templates::is_upload(request.method(), request.uri().path()) {
-        let response = match routers.upload.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-        if response.status().is_client_error() || response.status().is_server_error() {
-            return crate::closing(response);
-        }
-        return response;
-    }
-    // A volume's files: streamed, authorised by the volume's token.
-    if volumes::is_content_path(request.uri().path()) {
-        return match routers.volumes.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-    }
-    // Control paths first: some SDK versions also send `E2b-Sandbox-Id` on
-    // control-plane calls such as `POST /sandboxes/{id}/connect`.
-    if is_control_path(request.uri().path()) {
-        return match routers.control.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-    }
-    let mut request = request;
-    if !request.headers().contains_key(SANDBOX_ID_HEADER) && is_envd_path(request.uri().path()) {
-        // e2b 2.7 to 2.25 drop `E2b-Sandbox-Id` after `Sandbox.connect`;
-        // their access token still names the sandbox.
-        let sandbox = request
-            .headers()
-            .get("x-access-token")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|token| routers.daemon.sandbox_with_token(token))
-            .and_then(|id| axum::http::HeaderValue::from_str(&id).ok());
-        // A signed `/files` URL fetched with nothing but the URL: the
-        // sandbox whose token signed it.
-        let sandbox = sandbox.or_else(|| {
-            if request.uri().path() != "/files" || !sandbox::files_signed(request.uri()) {
-                return None;
-            }
-            sandbox::files_signer(&routers.api, request.uri(), request.method())
-                .and_then(|id| axum::http::HeaderValue::from_str(&id).ok())
-        });
-        if let Some(id) = sandbox {
-            request.headers_mut().insert(SANDBOX_ID_HEADER, id);
-        }
-    }
-    if let Some(id) = request
-        .headers()
-        .get(SANDBOX_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-    {
-        // A sandbox paused at its timeout with auto-resume wakes for a
-        // call that carries its access token (no one else may wake it).
-        let token = request
-            .headers()
-            .get("x-access-token")
-            .and_then(|v| v.to_str().ok());
-        if routers.daemon.is_paused(id)
-            && token.is_some_and(|t| routers.daemon.access_token_matches(id, t))
+/// The sandbox a request names in `E2b-Sandbox-Id`, if any.
+fn named_sandbox(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers.get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// The sandbox a control-plane path is about (`/sandboxes/{id}…`).
+fn sandbox_in_path(path: &str) -> Option<&str> {
+    path.strip_prefix("/sandboxes/")
+        .or_else(|| path.strip_prefix("/v2/sandboxes/"))
+        .map(|rest| rest.split('/').next().unwrap_or(rest))
+}
+
+impl crate::dialect::Dialect for Routers {
+    /// Template uploads, volume content, the control plane, and calls into
+    /// a sandbox: those that carry `E2b-Sandbox-Id`, and envd's own paths
+    /// whose access token (or signed URL) names the sandbox (e2b 2.7 to
+    /// 2.25 drop the header after `Sandbox.connect`), which get the header
+    /// here.
+    fn claim(&self, request: &mut Request) -> bool {
+        let path = request.uri().path();
+        if control::templates::is_upload(request.method(), path)
+            || volumes::is_content_path(path)
+            || is_control_path(path)
         {
-            routers.daemon.wake(id).await;
+            return true;
         }
+        if !request.headers().contains_key(SANDBOX_ID_HEADER) && is_envd_path(path) {
+            let sandbox = request
+                .headers()
+                .get("x-access-token")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|token| self.daemon.sandbox_with_token(token))
+                .and_then(|id| axum::http::HeaderValue::from_str(&id).ok());
+            // A signed `/files` URL fetched with nothing but the URL: the
+            // sandbox whose token signed it.
+            let sandbox = sandbox.or_else(|| {
+                if path != "/files" || !sandbox::files_signed(request.uri()) {
+                    return None;
+                }
+                sandbox::files_signer(&self.api, request.uri(), request.method())
+                    .and_then(|id| axum::http::HeaderValue::from_str(&id).ok())
+            });
+            if let Some(id) = sandbox {
+                request.headers_mut().insert(SANDBOX_ID_HEADER, id);
+            }
+        }
+        request.headers().contains_key(SANDBOX_ID_HEADER)
     }
-    if request.headers().contains_key(SANDBOX_ID_HEADER) {
+
+    fn audited(
+        &self,
+        path: &str,
+        headers: &axum::http::HeaderMap,
+    ) -> Option<crate::dialect::Audited> {
+        let named = named_sandbox(headers);
+        if named.is_none() && !is_control_path(path) {
+            return None;
+        }
+        Some(crate::dialect::Audited {
+            sandbox: sandbox_in_path(path).or(named).map(str::to_owned),
+            path: path.to_owned(),
+        })
+    }
+
+    fn serve(&self, request: Request) -> futures_util::future::BoxFuture<'static, Response> {
+        let routers = self.clone();
+        Box::pin(async move { routers.route(request).await })
+    }
+}
+
+impl Routers {
+    /// Sends a request the dialect claimed to its router. The e2b routers
+    /// authenticate the e2b way and stream their own bodies (Connect
+    /// client streams end only when the client ends them).
+    async fn route(self, request: Request) -> Response {
+        // A template build's files: streamed, authorised by their URL.
+        if control::templates::is_upload(request.method(), request.uri().path()) {
+            return closing_on_error(oneshot(self.upload, request).await);
+        }
+        // A volume's files: streamed, authorised by the volume's token.
+        if volumes::is_content_path(request.uri().path()) {
+            return oneshot(self.volumes, request).await;
+        }
+        // Control paths first: some SDK versions also send `E2b-Sandbox-Id`
+        // on control-plane calls such as `POST /sandboxes/{id}/connect`.
+        if is_control_path(request.uri().path()) {
+            return oneshot(self.control, request).await;
+        }
+        if let Some(id) = named_sandbox(request.headers()) {
+            // A sandbox paused at its timeout with auto-resume wakes for a
+            // call that carries its access token (no one else may wake it).
+            let token = request
+                .headers()
+                .get("x-access-token")
+                .and_then(|v| v.to_str().ok());
+            if self.daemon.is_paused(id)
+                && token.is_some_and(|t| self.daemon.access_token_matches(id, t))
+            {
+                self.daemon.wake(id).await;
+            }
+        }
         // Bodies here are streamed (uploads, Connect client streams), so an
         // error answer may leave one unread: close the connection after it.
-        let response = match routers.sandbox.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
-        if response.status().is_client_error() || response.status().is_server_error() {
-            return crate::closing(response);
-        }
-        return response;
+        closing_on_error(oneshot(self.sandbox, request).await)
     }
-    next.run(request).await
+}
+
+async fn oneshot(router: Router, request: Request) -> Response {
+    match router.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+fn closing_on_error(response: Response) -> Response {
+    if response.status().is_client_error() || response.status().is_server_error() {
+        return crate::closing(response);
+    }
+    response
 }

@@ -1,0 +1,782 @@
+"""DeerFlow's AIO sandbox provider against airlock, call for call.
+
+The provisioner: provider start (list), acquire (get, create, readiness
+wait), destroy (delete), with its API key; its validation of thread ids,
+user ids and extra mounts. The sandbox, through agent-sandbox as DeerFlow's
+AioSandbox calls it: the bash tool (the implicit shell session), explicit
+sessions and their recreation on 404, the env tool (one-shot bash), files
+(read, write, append, base64 update, download, list, find, grep). And the
+host side of a thread: its user data under the base directory, the public
+skills read-only, extra mounts. Each test creates its own sandboxes.
+"""
+
+import base64
+import concurrent.futures
+import os
+import time
+import urllib.parse
+import uuid
+
+import pytest
+import requests
+
+from conftest import (
+    BASE,
+    KEY,
+    OTHER_KEY,
+    PUBLIC_SKILL_TEXT,
+    URL,
+    Provisioner,
+    api_error,
+    client,
+    create_body,
+    deerflow_glob_dirs,
+    download,
+    probe,
+    tag,
+    thread_sandbox_id,
+    user_data,
+    wait_ready,
+)
+
+# The three directories of a thread's /mnt/user-data.
+USER_DATA = "/mnt/user-data"
+UPLOADS = f"{USER_DATA}/uploads"
+WORKSPACE = f"{USER_DATA}/workspace"
+OUTPUTS = f"{USER_DATA}/outputs"
+
+# DeerFlow's allowlist of extra mount targets.
+ALLOWED_TARGETS = [
+    "/mnt/acp-workspace",
+    "/mnt/skills/custom",
+    "/mnt/skills/integrations",
+    "/mnt/integrations/lark-cli/config",
+    "/mnt/integrations/lark-cli/config/locks",
+    "/mnt/integrations/lark-cli/data",
+    "/mnt/integrations/lark-cli/runtime",
+]
+
+# What the AIO server answers for a shell session it does not have, and
+# what DeerFlow keys on to recreate one.
+SESSION_NOT_FOUND = {"success": False, "message": "Session not found", "data": None}
+
+
+def assert_session_not_found(error):
+    """The error is the structured 404 DeerFlow recreates a session on."""
+    assert error.status_code == 404, error
+    assert isinstance(error.body, dict), error
+    assert {name: error.body.get(name) for name in SESSION_NOT_FOUND} == SESSION_NOT_FOUND, error
+
+
+def refused(provisioner, body, status):
+    """Asserts that creating `body` answers `status` and creates nothing."""
+    answer = provisioner.create(body)
+    assert answer.status_code == status, (body, answer.status_code, answer.text)
+    assert provisioner.get(body["sandbox_id"]).status_code == 404, body
+
+
+def url_parts(sandbox_url):
+    """(scheme and host, airlock sandbox id, secret) of a sandbox URL, which
+    is http://<host>/aio/<id>/<secret>."""
+    parsed = urllib.parse.urlsplit(sandbox_url)
+    parts = parsed.path.strip("/").split("/")
+    assert parsed.scheme == "http" and len(parts) == 3 and parts[0] == "aio", sandbox_url
+    return f"{parsed.scheme}://{parsed.netloc}", parts[1], parts[2]
+
+
+def deerflow_env_output(result):
+    """What DeerFlow's env tool hands the model from a bash.exec result."""
+    stdout, stderr = result.stdout or "", result.stderr or ""
+    if stdout and stderr:
+        return f"{stdout}\nStd Error:\n{stderr}"
+    return stdout or stderr
+
+
+# The fields of a provisioner's sandbox entry.
+ENTRY = ("sandbox_id", "sandbox_url", "status")
+
+
+def entry(body):
+    return {name: body.get(name) for name in ENTRY}
+
+
+def visible(matches):
+    """Grep matches outside hidden directories and files (whether a search
+    looks into those is left to the server)."""
+    return {m for m in matches if "/." not in m[0]}
+
+
+def deerflow_grep(sbx, path, pattern, case_sensitive=True, literal=False, limit=100, **extra):
+    """DeerFlow's grep tool's call: (the matches as (file, line, text), truncated)."""
+    kwargs = dict(
+        path=path,
+        pattern=pattern,
+        case_insensitive=not case_sensitive,
+        fixed_strings=literal,
+        max_results=max(4 * limit, limit + 50),
+        max_file_size="1M",
+        recursive=True,
+    )
+    kwargs.update(extra)
+    data = sbx.file.grep_files(**kwargs).data
+    matches = set()
+    for match in data.matches or []:
+        assert match.file.startswith(path + "/"), match.file
+        matches.add((match.file, match.line_number, match.line_content.rstrip("\r\n")))
+    return matches, data.truncated
+
+
+def make_tree(thread, root):
+    """A small source tree under `root` in the sandbox, written as a model
+    would (shell commands)."""
+    out = thread.sh(
+        f"mkdir -p {root}/sub/deep {root}/.hidden && cd {root} && "
+        "printf 'import os\\nneedle = 1\\nprint(needle)\\n' > a.py && "
+        "printf 'nothing\\nNEEDLE upper\\n' > sub/b.txt && "
+        "printf 'a.b literal\\naxb not literal\\n' > sub/c.md && "
+        "printf 'x = 2\\n' > sub/deep/d.py && "
+        "printf 'needle hidden\\n' > .hidden/e.py && "
+        "printf 'dot\\n' > .f.txt && echo made"
+    )
+    assert out.exit_code == 0 and "made" in out.output, out
+
+
+# --- The provisioner ----------------------------------------------------
+
+
+def test_health_needs_no_key():
+    answer = requests.get(f"{URL}/health", timeout=10, proxies={"http": None})
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ok"}
+
+
+def test_api_needs_a_key(provisioner, thread):
+    """Every /api/ call without a key, or with a wrong one, is a 401 and does
+    nothing."""
+    for key in (None, "e2b_" + "0" * 64, KEY + "x"):
+        stranger = Provisioner(key=key)
+        assert stranger.list().status_code == 401, key
+        assert stranger.get(thread.sandbox_id).status_code == 401, key
+        assert stranger.delete(thread.sandbox_id).status_code == 401, key
+        sandbox_id = uuid.uuid4().hex[:8]
+        assert stranger.create(create_body(sandbox_id)).status_code == 401, key
+        assert provisioner.get(sandbox_id).status_code == 404, key
+    # The sandbox was not deleted.
+    assert provisioner.get(thread.sandbox_id).json()["status"] == "Running"
+    assert thread.out("echo alive") == "alive"
+
+
+def test_acquire_replays_deerflow(provisioner):
+    """DeerFlow's acquire of a new thread: is_alive and discover miss (404),
+    create, wait for readiness, then drive the sandbox at the URL."""
+    user_id, thread_id = f"user-{tag()}", f"thread-{tag()}"
+    sandbox_id = thread_sandbox_id(user_id, thread_id)
+    assert provisioner.get(sandbox_id).status_code == 404
+    try:
+        answer = provisioner.create(create_body(sandbox_id, thread_id, user_id))
+        assert answer.status_code == 200, answer.text
+        created = answer.json()
+        assert created["sandbox_id"] == sandbox_id
+        assert created["status"] == "Running"
+        url_parts(created["sandbox_url"])
+        # The sandbox answers at once.
+        assert wait_ready(created["sandbox_url"]) < 5
+        # is_alive: alive iff the status is exactly "Running".
+        got = provisioner.get(sandbox_id)
+        assert got.status_code == 200, got.text
+        assert entry(got.json()) == entry(created)
+        sbx = client(created["sandbox_url"])
+        result = sbx.shell.exec_command(command="echo ready", no_change_timeout=600).data
+        assert result.output.strip() == "ready"
+    finally:
+        provisioner.delete(sandbox_id)
+
+
+def test_provider_start_adopts_listed_sandboxes(provisioner, make_thread):
+    """At start DeerFlow lists the sandboxes and adopts each by its URL."""
+    first, second = make_thread(), make_thread()
+    listed = provisioner.listed()
+    for thread in (first, second):
+        assert entry(listed[thread.sandbox_id]) == {
+            "sandbox_id": thread.sandbox_id,
+            "sandbox_url": thread.url,
+            "status": "Running",
+        }
+        assert probe(thread.url) == 200
+    provisioner.delete(first.sandbox_id)
+    listed = provisioner.listed()
+    assert first.sandbox_id not in listed
+    assert second.sandbox_id in listed
+
+
+def test_list_shows_only_the_calling_keys(provisioner, thread):
+    other = Provisioner(key=OTHER_KEY)
+    assert thread.sandbox_id not in other.listed()
+    assert other.get(thread.sandbox_id).status_code == 404
+    # The other key's delete does not reach it.
+    other.delete(thread.sandbox_id)
+    assert provisioner.get(thread.sandbox_id).json()["status"] == "Running"
+    assert thread.out("echo still") == "still"
+    # The other key's own sandbox is its own.
+    sandbox_id = uuid.uuid4().hex[:8]
+    try:
+        answer = other.create(create_body(sandbox_id, f"thread-{tag()}", f"user-{tag()}"))
+        assert answer.status_code == 200, answer.text
+        assert sandbox_id in other.listed()
+    finally:
+        other.delete(sandbox_id)
+
+
+def test_create_is_idempotent(provisioner, thread):
+    """A second create of the same id returns the same sandbox, untouched."""
+    assert thread.out("echo kept > /tmp/marker && cat /tmp/marker") == "kept"
+    again = provisioner.create(create_body(thread.sandbox_id, thread.thread_id, thread.user_id))
+    assert again.status_code == 200, again.text
+    assert again.json()["sandbox_url"] == thread.url
+    assert again.json()["sandbox_id"] == thread.sandbox_id
+    assert thread.out("cat /tmp/marker") == "kept"
+    listed = provisioner.list().json()["sandboxes"]
+    assert [e["sandbox_id"] for e in listed].count(thread.sandbox_id) == 1
+
+
+def test_create_without_thread_or_user(provisioner):
+    """A sandbox of no thread (DeerFlow names it by 8 characters of a uuid):
+    its thread is its id, its user "default"."""
+    sandbox_id = uuid.uuid4().hex[:8]
+    try:
+        answer = provisioner.create({"sandbox_id": sandbox_id})
+        assert answer.status_code == 200, answer.text
+        sbx = client(answer.json()["sandbox_url"])
+        sbx.file.write_file(file=f"{OUTPUTS}/no-thread.txt", content="mine")
+        host = user_data("default", sandbox_id)
+        assert (host / "outputs" / "no-thread.txt").read_text() == "mine"
+    finally:
+        provisioner.delete(sandbox_id)
+
+
+@pytest.mark.parametrize(
+    "thread_id",
+    ["", "a/b", "../etc", "x" * 65, "a b", "a.b", "thread\n", "é"],
+)
+def test_bad_thread_id_is_422(provisioner, thread_id):
+    refused(provisioner, create_body(uuid.uuid4().hex[:8], thread_id), 422)
+
+
+@pytest.mark.parametrize("user_id", ["", "../etc", "a/b", "a b", ".."])
+def test_bad_user_id_is_422(provisioner, user_id):
+    # The user id names a host directory: nothing but DeerFlow's pattern.
+    refused(provisioner, create_body(uuid.uuid4().hex[:8], f"thread-{tag()}", user_id), 422)
+
+
+def test_longest_thread_id_is_fine(make_thread):
+    thread = make_thread(thread_id="x" * 64)
+    assert thread.out("echo ok") == "ok"
+
+
+def test_extra_mounts_validation(provisioner):
+    user_id = f"user-{tag()}"
+    inside = BASE / "users" / user_id / "skills_view" / "custom"
+    inside.mkdir(parents=True)
+
+    def body(*mounts):
+        return create_body(uuid.uuid4().hex[:8], f"thread-{tag()}", user_id, list(mounts))
+
+    def mount(host, target, read_only=True):
+        return {"host_path": str(host), "container_path": target, "read_only": read_only}
+
+    # More than 10.
+    refused(provisioner, body(*[mount(inside, "/mnt/skills/custom")] * 11), 400)
+    # Targets outside the allowlist (also after normalising).
+    for target in [
+        "/etc",
+        "/",
+        "/mnt/user-data/workspace",
+        "/mnt/skills/public",
+        "/mnt/skills",
+        "/mnt/skills/custom/../../../etc",
+        "mnt/skills/custom",
+        "/home/user",
+    ]:
+        refused(provisioner, body(mount(inside, target)), 400)
+    # Sources outside the base directory (also after normalising).
+    for host in [
+        "/etc",
+        "/",
+        BASE.parent,
+        f"{BASE}/../",
+        f"{BASE}/users/../../etc",
+        "users",
+        f"{BASE}x",
+    ]:
+        refused(provisioner, body(mount(host, "/mnt/skills/custom")), 400)
+
+
+def test_extra_mount_is_mounted(make_thread):
+    """DeerFlow mounts a user's custom skills read-only."""
+    user_id = f"user-{tag()}"
+    custom = BASE / "users" / user_id / "skills_view" / "custom"
+    (custom / "my-skill").mkdir(parents=True)
+    (custom / "my-skill" / "SKILL.md").write_text("custom skill\n")
+    thread = make_thread(
+        user_id=user_id,
+        extra_mounts=[
+            {"host_path": str(custom), "container_path": "/mnt/skills/custom", "read_only": True}
+        ],
+    )
+    sbx = thread.client
+    path = "/mnt/skills/custom/my-skill/SKILL.md"
+    assert sbx.file.read_file(file=path).data.content == "custom skill\n"
+    api_error(sbx.file.write_file, file=path, content="changed")
+    api_error(sbx.file.write_file, file="/mnt/skills/custom/new.md", content="new")
+    assert (custom / "my-skill" / "SKILL.md").read_text() == "custom skill\n"
+    assert not (custom / "new.md").exists()
+
+
+def test_every_allowed_target_is_mounted(make_thread):
+    """Every target of the allowlist at once, from where DeerFlow keeps each
+    and read-only or not as it mounts them: the lark-cli locks, writable,
+    are a directory of the read-only config."""
+    user_id, thread_id = f"user-{tag()}", f"thread-{tag()}"
+    user = BASE / "users" / user_id
+    lark = user / "integrations" / "lark-cli"
+    sources = {
+        "/mnt/acp-workspace": (user / "threads" / thread_id / "acp-workspace", True),
+        "/mnt/skills/custom": (user / "skills_view" / "custom", True),
+        "/mnt/skills/integrations": (user / "skills_view" / "integrations", True),
+        "/mnt/integrations/lark-cli/config": (lark / "config", True),
+        "/mnt/integrations/lark-cli/config/locks": (lark / "config" / "locks", False),
+        "/mnt/integrations/lark-cli/data": (lark / "data", False),
+        "/mnt/integrations/lark-cli/runtime": (
+            BASE / "integrations" / "lark-cli" / "sandbox-cli",
+            True,
+        ),
+    }
+    assert sorted(sources) == sorted(ALLOWED_TARGETS)
+    mounts = []
+    for target in ALLOWED_TARGETS:
+        host, read_only = sources[target]
+        host.mkdir(parents=True, exist_ok=True)
+        (host / "here.txt").write_text(target)
+        mounts.append({"host_path": str(host), "container_path": target, "read_only": read_only})
+    thread = make_thread(thread_id=thread_id, user_id=user_id, extra_mounts=mounts)
+    for target in ALLOWED_TARGETS:
+        content = thread.client.file.read_file(file=f"{target}/here.txt").data.content
+        assert content == target
+
+
+def test_delete_is_repeatable_and_ends_everything(provisioner, thread):
+    sbx = thread.client
+    sbx.file.write_file(file=f"{WORKSPACE}/x.txt", content="x")
+    for _ in range(2):
+        answer = provisioner.delete(thread.sandbox_id)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"ok": True, "sandbox_id": thread.sandbox_id}
+    assert provisioner.get(thread.sandbox_id).status_code == 404
+    assert thread.sandbox_id not in provisioner.listed()
+    # Every AIO call under its URL is a 404.
+    assert probe(thread.url) == 404
+    calls = [
+        lambda: sbx.sandbox.get_context(),
+        lambda: sbx.shell.exec_command(command="echo hi", no_change_timeout=600),
+        lambda: sbx.shell.create_session(id="s1"),
+        lambda: sbx.bash.exec(command="echo hi", env={"A": "1"}, hard_timeout=600.0),
+        lambda: sbx.file.read_file(file=f"{WORKSPACE}/x.txt"),
+        lambda: sbx.file.write_file(file=f"{WORKSPACE}/y.txt", content="y"),
+        lambda: sbx.file.list_path(path=WORKSPACE, recursive=True, show_hidden=False),
+        lambda: sbx.file.find_files(path=WORKSPACE, glob="**/*"),
+        lambda: sbx.file.grep_files(path=WORKSPACE, pattern="x"),
+        lambda: download(sbx, f"{WORKSPACE}/x.txt"),
+    ]
+    for call in calls:
+        assert api_error(call).status_code == 404
+
+
+def test_thread_data_outlives_its_sandbox(provisioner, make_thread):
+    """DeerFlow destroys an idle sandbox and later creates the thread's again
+    (the same id): the thread's files are still there."""
+    thread = make_thread()
+    thread.client.file.write_file(file=f"{OUTPUTS}/report.md", content="# Report\n")
+    assert provisioner.delete(thread.sandbox_id).status_code == 200
+    assert (thread.host / "outputs" / "report.md").read_text() == "# Report\n"
+    again = make_thread(thread_id=thread.thread_id, user_id=thread.user_id)
+    assert again.sandbox_id == thread.sandbox_id
+    content = again.client.file.read_file(file=f"{OUTPUTS}/report.md").data.content
+    assert content == "# Report\n"
+
+
+def test_wrong_secret_is_404(make_thread):
+    first, second = make_thread(), make_thread()
+    host, first_id, first_secret = url_parts(first.url)
+    _, second_id, second_secret = url_parts(second.url)
+    flipped = first_secret[:-1] + ("0" if first_secret[-1] != "0" else "1")
+    for url in [
+        f"{host}/aio/{first_id}/{flipped}",
+        f"{host}/aio/{first_id}/{second_secret}",
+        f"{host}/aio/{second_id}/{first_secret}",
+        f"{host}/aio/{first_id}/",
+        f"{host}/aio/{first_id}",
+        f"{host}/aio/sbx-0123456789abcdef/{first_secret}",
+    ]:
+        assert probe(url) == 404, url
+        sbx = client(url)
+        assert api_error(sbx.shell.exec_command, command="echo hi").status_code == 404, url
+    # The right URLs still work.
+    assert probe(first.url) == 200 and probe(second.url) == 200
+
+
+# --- The AIO API: context and the bash tool -----------------------------
+
+
+def test_context(thread):
+    context = thread.client.sandbox.get_context()
+    assert context.home_dir == "/home/user"
+    assert isinstance(context.version, str) and context.version
+    # The client's base URL may end in a slash.
+    assert client(thread.url + "/").sandbox.get_context().home_dir == "/home/user"
+
+
+def test_bash_tool(thread):
+    """DeerFlow's bash tool: exec in the implicit session; it reads output."""
+    result = thread.sh("echo out; echo err >&2")
+    assert result.status == "completed"
+    assert result.exit_code == 0
+    assert result.session_id
+    # stdout and stderr, together, as on a terminal.
+    assert "out" in result.output and "err" in result.output
+    failed = thread.sh("echo partial; (exit 3)")
+    assert failed.status == "completed"
+    assert failed.exit_code == 3
+    assert "partial" in failed.output
+    # No output: DeerFlow shows "(no output)".
+    assert (thread.sh("true").output or "").strip() == ""
+    # The sandbox's user data is there.
+    assert set(thread.out(f"ls {USER_DATA}").split()) >= {"uploads", "workspace", "outputs"}
+
+
+def test_implicit_session_keeps_cwd_and_env(thread):
+    thread.sh("cd /tmp && mkdir -p here && cd here")
+    assert thread.out("pwd") == "/tmp/here"
+    thread.sh("export DEERFLOW_TEST=kept")
+    assert thread.out("echo $DEERFLOW_TEST") == "kept"
+    assert thread.out("pwd") == "/tmp/here"
+
+
+@pytest.mark.deadline(60)
+def test_hard_timeout_kills_the_command(thread):
+    started = time.monotonic()
+    result = thread.sh("sleep 37", hard_timeout=2)
+    assert result.status == "hard_timeout"
+    assert time.monotonic() - started < 20
+    # The command is gone and the session goes on.
+    deadline = time.monotonic() + 10
+    while thread.out("pgrep -f 'slee[p] 37' || echo gone") != "gone":
+        assert time.monotonic() < deadline, "sleep 37 survived its hard timeout"
+        time.sleep(0.5)
+    assert thread.out("echo after") == "after"
+
+
+@pytest.mark.deadline(60)
+def test_no_change_timeout(thread):
+    sbx = thread.client
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    started = time.monotonic()
+    result = sbx.shell.exec_command(id=session, command="sleep 23", no_change_timeout=2).data
+    assert result.status == "no_change_timeout"
+    assert time.monotonic() - started < 15
+    # Output that keeps changing is no timeout.
+    ticking = thread.sh(
+        "for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.5; done", no_change_timeout=3
+    )
+    assert ticking.status == "completed"
+    assert "tick 6" in ticking.output
+
+
+def test_explicit_sessions(thread):
+    """A session of its own (DeerFlow's subagents, and its marker retry):
+    create, exec with its id, clean up; its cwd is apart from the implicit
+    session's."""
+    sbx = thread.client
+    session = f"s-{uuid.uuid4()}"
+    created = sbx.shell.create_session(id=session).data
+    assert created.session_id == session
+    thread.sh("cd /")
+    sbx.shell.exec_command(id=session, command="cd /tmp", no_change_timeout=600)
+    result = sbx.shell.exec_command(id=session, command="pwd", no_change_timeout=600).data
+    assert result.output.strip() == "/tmp"
+    assert result.session_id == session
+    assert thread.out("pwd") == "/"
+    sbx.shell.cleanup_session(session)
+    error = api_error(sbx.shell.exec_command, id=session, command="pwd", no_change_timeout=600)
+    assert_session_not_found(error)
+
+
+def test_session_recreated_on_404(thread):
+    """DeerFlow recreates a scoped session once, on the structured 404."""
+    sbx = thread.client
+    session = f"subagent-{tag()}"
+    error = api_error(sbx.shell.exec_command, id=session, command="echo hi", no_change_timeout=600)
+    assert_session_not_found(error)
+    assert sbx.shell.create_session(id=session).data.session_id == session
+    result = sbx.shell.exec_command(id=session, command="echo hi", no_change_timeout=600).data
+    assert result.status == "completed" and result.output.strip() == "hi"
+    sbx.shell.cleanup_session(session)
+
+
+@pytest.mark.deadline(60)
+@pytest.mark.parametrize("explicit", [False, True], ids=["implicit", "explicit"])
+def test_concurrent_calls_on_one_session_are_serialized(thread, explicit):
+    """Calls on one shell session at once run one after the other: each sees
+    its own variable, none another's."""
+    sbx = thread.client
+    extra = {}
+    if explicit:
+        extra["id"] = f"s-{tag()}"
+        sbx.shell.create_session(id=extra["id"])
+    calls = 6
+
+    def call(i):
+        return sbx.shell.exec_command(
+            command=f"X={i}; sleep 0.3; echo got-$X", no_change_timeout=600, **extra
+        ).data
+
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+        results = list(pool.map(call, range(calls)))
+    elapsed = time.monotonic() - started
+    for i, result in enumerate(results):
+        assert result.status == "completed", result
+        assert result.output.strip() == f"got-{i}", result
+    assert elapsed >= calls * 0.3 * 0.9, f"{calls} calls in {elapsed:.2f}s: not one at a time"
+
+
+# --- The env tool (one-shot bash) -----------------------------------------
+
+
+def test_env_tool(thread):
+    """Skills with secrets: bash.exec with env, stdout and stderr apart."""
+    sbx = thread.client
+    result = sbx.bash.exec(
+        command='echo "$API_TOKEN"; echo warn >&2',
+        env={"API_TOKEN": "tok-123"},
+        hard_timeout=600.0,
+    ).data
+    assert result.status == "completed"
+    assert result.exit_code == 0
+    assert result.stdout.strip() == "tok-123"
+    assert result.stderr.strip() == "warn"
+    assert deerflow_env_output(result).split() == ["tok-123", "Std", "Error:", "warn"]
+    failed = sbx.bash.exec(command="echo partial; exit 4", env={"A": "1"}, hard_timeout=600.0).data
+    assert failed.status == "completed"
+    assert failed.exit_code == 4
+    assert failed.stdout.strip() == "partial"
+    # The secret stays with its call.
+    assert thread.out("echo ${API_TOKEN:-unset}") == "unset"
+    again = sbx.bash.exec(
+        command="echo ${API_TOKEN:-unset}", env={"B": "2"}, hard_timeout=600.0
+    ).data
+    assert again.stdout.strip() == "unset"
+
+
+@pytest.mark.deadline(60)
+def test_env_tool_hard_timeout(thread):
+    started = time.monotonic()
+    result = thread.client.bash.exec(command="sleep 29", env={"A": "1"}, hard_timeout=2.0).data
+    assert result.status == "timed_out"
+    assert time.monotonic() - started < 20
+
+
+# --- Files ---------------------------------------------------------------
+
+
+def test_uploads_and_outputs_are_the_hosts(make_thread):
+    """The gateway writes uploads on the host; the sandbox sees them. What
+    the sandbox writes under outputs and workspace is on the host."""
+    thread = make_thread()
+    for name in ("uploads", "workspace", "outputs"):
+        assert (thread.host / name).is_dir(), thread.host / name
+    (thread.host / "uploads" / "data.csv").write_text("a,b\n1,2\n")
+    sbx = thread.client
+    assert sbx.file.read_file(file=f"{UPLOADS}/data.csv").data.content == "a,b\n1,2\n"
+    assert thread.out(f"cat {UPLOADS}/data.csv") == "a,b\n1,2"
+    thread.sh(f"echo from-shell > {OUTPUTS}/shell.txt")
+    sbx.file.write_file(file=f"{OUTPUTS}/tool.txt", content="from-tool")
+    sbx.file.write_file(file=f"{WORKSPACE}/draft.md", content="draft")
+    assert (thread.host / "outputs" / "shell.txt").read_text() == "from-shell\n"
+    assert (thread.host / "outputs" / "tool.txt").read_text() == "from-tool"
+    assert (thread.host / "workspace" / "draft.md").read_text() == "draft"
+    # Another thread of the same user has user data of its own.
+    other = make_thread(user_id=thread.user_id)
+    assert other.out(f"test -e {UPLOADS}/data.csv && echo yes || echo no") == "no"
+    assert not (other.host / "outputs" / "tool.txt").exists()
+
+
+def test_public_skills_are_read_only(thread):
+    sbx = thread.client
+    path = "/mnt/skills/public/deep-research/SKILL.md"
+    assert sbx.file.read_file(file=path).data.content == PUBLIC_SKILL_TEXT
+    api_error(sbx.file.write_file, file=path, content="pwned")
+    api_error(sbx.file.write_file, file="/mnt/skills/public/new.md", content="new")
+    api_error(sbx.file.write_file, file=path, content="cHduZWQ=", encoding="base64")
+    failed = thread.sh("echo x > /mnt/skills/public/shell.txt")
+    assert failed.status == "completed" and failed.exit_code not in (0, None), failed
+    public = BASE / "skills_view" / "public"
+    assert (public / "deep-research" / "SKILL.md").read_text() == PUBLIC_SKILL_TEXT
+    assert sorted(p.name for p in public.iterdir()) == ["deep-research"]
+
+
+def test_read_file(thread):
+    """DeerFlow's read_file: lines start..end (1-based, inclusive) are
+    start_line=start-1, end_line=end (0-based, exclusive)."""
+    (thread.host / "uploads" / "lines.txt").write_text("".join(f"line{i}\n" for i in range(1, 8)))
+    sbx = thread.client
+    path = f"{UPLOADS}/lines.txt"
+    whole = sbx.file.read_file(file=path).data
+    assert whole.content == "".join(f"line{i}\n" for i in range(1, 8))
+    assert whole.file == path
+    part = sbx.file.read_file(file=path, start_line=1, end_line=4).data.content
+    assert part.splitlines() == ["line2", "line3", "line4"]
+    head = sbx.file.read_file(file=path, start_line=0, end_line=1).data.content
+    assert head.splitlines() == ["line1"]
+    tail = sbx.file.read_file(file=path, start_line=5).data.content
+    assert tail.splitlines() == ["line6", "line7"]
+    # A missing file: DeerFlow turns the error into "Error: ...".
+    api_error(sbx.file.read_file, file=f"{UPLOADS}/missing.txt")
+
+
+def test_write_file(thread):
+    sbx = thread.client
+    path = f"{WORKSPACE}/notes.md"
+    text = "héllo, 世界\n"
+    written = sbx.file.write_file(file=path, content=text).data
+    assert written.file == path
+    assert written.bytes_written in (None, len(text.encode()))
+    assert sbx.file.read_file(file=path).data.content == text
+    assert (thread.host / "workspace" / "notes.md").read_bytes() == text.encode()
+    # The server's append.
+    sbx.file.write_file(file=path, content="more\n", append=True)
+    assert sbx.file.read_file(file=path).data.content == text + "more\n"
+    # DeerFlow's append: read, then write the whole.
+    current = sbx.file.read_file(file=path).data.content
+    sbx.file.write_file(file=path, content=current + "last\n")
+    assert (thread.host / "workspace" / "notes.md").read_text() == text + "more\nlast\n"
+    # Overwriting replaces.
+    sbx.file.write_file(file=path, content="short")
+    assert sbx.file.read_file(file=path).data.content == "short"
+
+
+def test_update_file_base64(thread):
+    """DeerFlow's update_file (uploads and artifacts in remote mode): the
+    bytes as base64."""
+    sbx = thread.client
+    data = bytes(range(256)) * 64
+    path = f"{UPLOADS}/blob.bin"
+    sbx.file.write_file(file=path, content=base64.b64encode(data).decode(), encoding="base64")
+    assert (thread.host / "uploads" / "blob.bin").read_bytes() == data
+    assert download(sbx, path) == data
+    assert thread.out(f"wc -c < {path}") == str(len(data))
+
+
+def test_download_file(thread):
+    sbx = thread.client
+    sbx.file.write_file(file=f"{OUTPUTS}/my report.txt", content="with a space\n")
+    assert download(sbx, f"{OUTPUTS}/my report.txt") == b"with a space\n"
+    # Large and binary, written on the host, streamed.
+    big = os.urandom(3 << 20)
+    (thread.host / "outputs" / "big.bin").write_bytes(big)
+    assert download(sbx, f"{OUTPUTS}/big.bin") == big
+    assert api_error(download, sbx, f"{OUTPUTS}/missing.bin").status_code >= 400
+
+
+def test_list_dir_with_find(thread):
+    """DeerFlow's list_dir: find through the bash tool, one path a line."""
+    root = f"{WORKSPACE}/src"
+    make_tree(thread, root)
+    output = thread.sh(
+        f"find '{root}' -maxdepth 2 -type f -o -type d 2>/dev/null | head -500"
+    ).output
+    assert set(output.split()) == {
+        root,
+        f"{root}/a.py",
+        f"{root}/.f.txt",
+        f"{root}/.hidden",
+        f"{root}/.hidden/e.py",
+        f"{root}/sub",
+        f"{root}/sub/b.txt",
+        f"{root}/sub/c.md",
+        f"{root}/sub/deep",
+    }
+
+
+def test_list_path_recursive(thread):
+    root = f"{WORKSPACE}/src"
+    make_tree(thread, root)
+    sbx = thread.client
+    listed = sbx.file.list_path(path=root, recursive=True, show_hidden=False).data
+    entries = {entry.path: entry for entry in listed.files}
+    assert set(entries) == {
+        f"{root}/a.py",
+        f"{root}/sub",
+        f"{root}/sub/b.txt",
+        f"{root}/sub/c.md",
+        f"{root}/sub/deep",
+        f"{root}/sub/deep/d.py",
+    }
+    assert entries[f"{root}/sub"].is_directory
+    assert entries[f"{root}/sub/deep"].is_directory
+    assert not entries[f"{root}/a.py"].is_directory
+    assert entries[f"{root}/a.py"].name == "a.py"
+    hidden = sbx.file.list_path(path=root, recursive=True, show_hidden=True).data
+    assert {f"{root}/.f.txt", f"{root}/.hidden", f"{root}/.hidden/e.py"} <= {
+        entry.path for entry in hidden.files
+    }
+    # DeerFlow's glob with directories.
+    assert deerflow_glob_dirs(sbx, root, "**/*.py") == [f"{root}/a.py", f"{root}/sub/deep/d.py"]
+    assert deerflow_glob_dirs(sbx, root, "**/deep") == [f"{root}/sub/deep"]
+
+
+def test_find_files(thread):
+    """DeerFlow's glob of files: find_files, absolute paths."""
+    root = f"{WORKSPACE}/src"
+    make_tree(thread, root)
+    sbx = thread.client
+    found = sbx.file.find_files(path=root, glob="**/*.py").data.files
+    assert {f"{root}/a.py", f"{root}/sub/deep/d.py"} <= set(found)
+    for path in found:
+        assert path.startswith(root + "/") and path.endswith(".py"), path
+    assert sbx.file.find_files(path=root, glob="sub/*.txt").data.files == [f"{root}/sub/b.txt"]
+    assert sbx.file.find_files(path=root, glob="**/*.none").data.files in (None, [])
+
+
+def test_grep(thread):
+    """DeerFlow's grep: absolute files, 1-based lines, the lines' text."""
+    root = f"{WORKSPACE}/src"
+    make_tree(thread, root)
+    sbx = thread.client
+    matches, truncated = deerflow_grep(sbx, root, "needle")
+    assert visible(matches) == {
+        (f"{root}/a.py", 2, "needle = 1"),
+        (f"{root}/a.py", 3, "print(needle)"),
+    }
+    assert truncated is False
+    matches, _ = deerflow_grep(sbx, root, "needle", case_sensitive=False)
+    assert (f"{root}/sub/b.txt", 2, "NEEDLE upper") in matches
+    # A regex, then the same as a literal.
+    matches, _ = deerflow_grep(sbx, root, "a.b")
+    assert visible(matches) == {
+        (f"{root}/sub/c.md", 1, "a.b literal"),
+        (f"{root}/sub/c.md", 2, "axb not literal"),
+    }
+    matches, _ = deerflow_grep(sbx, root, "a.b", literal=True)
+    assert visible(matches) == {(f"{root}/sub/c.md", 1, "a.b literal")}
+    # More matches than asked for: truncated.
+    data = sbx.file.grep_files(
+        path=root, pattern="needle", case_insensitive=True, max_results=1
+    ).data
+    assert len(data.matches) == 1
+    assert data.truncated is True
+    # Files over max_file_size are skipped.
+    thread.sh(f"(head -c 2097152 /dev/zero | tr '\\0' 'x'; echo; echo bigneedle) > {root}/big.log")
+    assert deerflow_grep(sbx, root, "bigneedle")[0] == set()
+    matches, _ = deerflow_grep(sbx, root, "bigneedle", max_file_size="4M")
+    assert {(m[0], m[2]) for m in matches} == {(f"{root}/big.log", "bigneedle")}
