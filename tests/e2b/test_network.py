@@ -77,7 +77,19 @@ def test_no_internet_has_no_egress_path():
         Sandbox.kill(sbx.sandbox_id)
 
 
-def test_partial_deny_lists_are_refused_clearly():
-    with pytest.raises(SandboxException) as raised:
-        Sandbox.create(timeout=60, network={"deny_out": ["8.8.8.8/32"]})
-    assert "denyOut" in str(raised.value)
+def test_a_partial_deny_list_takes_nothing_allow_out_gives():
+    """denyOut of single destinations: on a daemon serving the open
+    internet by default it takes them away from it (the native `deny`
+    mode, tested by tests/egress.rs); on this harness's daemon, which
+    denies by default, the sandbox gets the allowlist of allow_out, and
+    allow_out wins over deny_out as e2b documents."""
+    sbx = Sandbox.create(
+        timeout=60,
+        network={"allow_out": ["site.test"], "deny_out": [f"{SITE_ADDRESS}/32"]},
+    )
+    try:
+        assert proxied(sbx)
+        assert fetch(sbx, "site.test") == [HELLO] * 2
+        assert fetch(sbx, "other.test") == ["refused"] * 2
+    finally:
+        Sandbox.kill(sbx.sandbox_id)

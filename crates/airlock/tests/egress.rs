@@ -753,6 +753,62 @@ for kind, proto in ((socket.SOCK_DGRAM, socket.IPPROTO_ICMP), (socket.SOCK_RAW, 
         denials(&daemon, &open)
     );
 
+    // `deny`: the internet but what its rules name, unless an exception
+    // allows it (e2b's denyOut with allowOut winning over it).
+    let denied_name = create(&daemon, json!({"mode": "deny", "rules": ["site.test"]}));
+    let (out, code) = daemon.sh_out(
+        &denied_name,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
+    assert!(code != 0 && !out.contains("hello"), "a denied name: {out}");
+    let (out, code) = daemon.sh_out(
+        &denied_name,
+        "curl --noproxy '*' -s -m 5 http://198.51.100.2:8000/index.html",
+    );
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    assert!(
+        denials(&daemon, &denied_name)
+            .iter()
+            .any(|e| e["detail"]["reason"] == "denylisted"),
+        "{:?}",
+        denials(&daemon, &denied_name)
+    );
+    let denied_range = create(
+        &daemon,
+        json!({"mode": "deny", "rules": ["198.51.100.0/24"], "except": ["site.test:8000"]}),
+    );
+    let (out, code) = daemon.sh_out(
+        &denied_range,
+        "curl --noproxy '*' -s -m 5 http://198.51.100.2:8000/index.html",
+    );
+    assert!(
+        code != 0 && !out.contains("hello"),
+        "a denied address: {out}"
+    );
+    let (out, code) = daemon.sh_out(
+        &denied_range,
+        "curl --noproxy '*' -s -m 5 http://site.test:8000/index.html",
+    );
+    assert_eq!((out.as_str(), code), ("hello from site.test\n", 0));
+    let shown = daemon
+        .call(
+            "GET",
+            &format!("/v1/sandboxes/{denied_range}/network"),
+            None,
+        )
+        .json();
+    assert_eq!(
+        shown,
+        json!({"mode": "deny", "rules": ["198.51.100.0/24"], "except": ["site.test:8000"]})
+    );
+    for sandbox in [&denied_name, &denied_range] {
+        assert_eq!(
+            reached(&internet),
+            control,
+            "{sandbox} reached a listener of the always-denied set"
+        );
+    }
+
     // `none` (the default) has loopback only, and no egress path to give a
     // policy to later.
     let none = create(&daemon, json!({"mode": "none"}));

@@ -98,23 +98,45 @@ fn yes() -> bool {
 }
 
 /// Network policy: `none` (loopback only, the default), `open` (the public
-/// internet) or `allow` with `rules`. Private, loopback and link-local
-/// (metadata) addresses are never reachable.
+/// internet), `allow` with `rules` (only those), or `deny` with `rules`
+/// (the public internet but those, unless one of `except` allows it).
+/// Private, loopback and link-local (metadata) addresses are never
+/// reachable.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkInput {
-    /// `none`, `open` or `allow`.
+    /// `none`, `open`, `allow` or `deny`.
     pub mode: String,
-    /// With `allow` only: `domain`, `*.domain` (subdomains, not the domain
-    /// itself), `IP` or `CIDR`, each with an optional `:PORT`
-    /// (`[v6]:PORT` for IPv6).
+    /// With `allow` (what is allowed) or `deny` (what is denied) only:
+    /// `domain`, `*.domain` (subdomains, not the domain itself), `IP` or
+    /// `CIDR`, each with an optional `:PORT` (`[v6]:PORT` for IPv6).
     pub rules: Option<Vec<String>>,
+    /// With `deny` only: rules of the same form that allow what `rules`
+    /// would deny.
+    pub except: Option<Vec<String>>,
 }
 
 impl NetworkInput {
     /// The policy this input asks for, or a 400 message naming the field.
     pub fn policy(&self) -> Result<NetworkPolicy, String> {
         let rules = self.rules.as_deref();
+        if self.mode == "deny" {
+            let Some(rules) = rules else {
+                return Err("network.rules: mode \"deny\" needs the list of what is denied".into());
+            };
+            let except = self.except.as_deref().unwrap_or_default();
+            // Counted before any is parsed.
+            if rules.len() + except.len() > MAX_RULES {
+                return Err(format!(
+                    "network.rules: {}",
+                    TooManyRules(rules.len() + except.len())
+                ));
+            }
+            return NetworkPolicy::deny(rules, except).map_err(|e| format!("network.rules: {e}"));
+        }
+        if self.except.is_some() {
+            return Err("network.except: only mode \"deny\" takes exceptions".into());
+        }
         match (self.mode.as_str(), rules) {
             ("none", None) => Ok(NetworkPolicy::None),
             ("open", None) => Ok(NetworkPolicy::Open),
@@ -130,11 +152,11 @@ impl NetworkInput {
                     .into(),
             ),
             ("none" | "open", Some(_)) => Err(format!(
-                "network.rules: only mode \"allow\" takes rules, not {:?}",
+                "network.rules: only modes \"allow\" and \"deny\" take rules, not {:?}",
                 self.mode
             )),
             (other, _) => Err(format!(
-                "network.mode: {other:?} is not a mode; use \"none\", \"open\" or \"allow\""
+                "network.mode: {other:?} is not a mode; use \"none\", \"open\", \"allow\" or \"deny\""
             )),
         }
     }
@@ -143,21 +165,31 @@ impl NetworkInput {
 /// A sandbox's network policy as the API shows it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct NetworkView {
-    /// `none`, `open` or `allow`.
+    /// `none`, `open`, `allow` or `deny`.
     pub mode: String,
-    /// With `allow`: the rules, in their canonical text.
+    /// With `allow` and `deny`: the rules, in their canonical text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rules: Option<Vec<String>>,
+    /// With `deny`: the exceptions, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub except: Option<Vec<String>>,
 }
 
 impl NetworkView {
     pub fn of(policy: &NetworkPolicy) -> NetworkView {
+        let texts = |rules: &[airlock_policy::Rule]| -> Vec<String> {
+            rules.iter().map(ToString::to_string).collect()
+        };
         NetworkView {
             mode: policy.mode().to_owned(),
             rules: match policy {
-                NetworkPolicy::Allow { rules } => {
-                    Some(rules.iter().map(ToString::to_string).collect())
+                NetworkPolicy::Allow { rules } | NetworkPolicy::Deny { rules, .. } => {
+                    Some(texts(rules))
                 }
+                _ => None,
+            },
+            except: match policy {
+                NetworkPolicy::Deny { except, .. } if !except.is_empty() => Some(texts(except)),
                 _ => None,
             },
         }
@@ -777,6 +809,7 @@ mod tests {
         NetworkInput {
             mode: mode.into(),
             rules: rules.map(|r| r.iter().map(|s| s.to_string()).collect()),
+            except: None,
         }
     }
 

@@ -93,6 +93,14 @@ pub enum NetworkPolicy {
     /// Only what a rule allows, never the always-denied set. An empty list
     /// denies everything, like `none`.
     Allow { rules: Vec<Rule> },
+    /// The public internet but what a rule denies (and the always-denied
+    /// set), unless one of `except` allows it: e2b's `denyOut` with
+    /// internet access, whose `allowOut` wins over it.
+    Deny {
+        rules: Vec<Rule>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        except: Vec<Rule>,
+    },
 }
 
 /// The serialized form, read strictly: serde's tagged enums let unit
@@ -103,6 +111,7 @@ pub enum NetworkPolicy {
 struct PolicyWire {
     mode: ModeWire,
     rules: Option<Vec<Rule>>,
+    except: Option<Vec<Rule>>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +120,7 @@ enum ModeWire {
     None,
     Open,
     Allow,
+    Deny,
 }
 
 /// A policy whose fields do not fit its mode.
@@ -120,13 +130,30 @@ pub enum PolicyShapeError {
     RulesWithoutAllow(&'static str),
     #[error("network mode allow needs a list of rules (an empty list denies everything)")]
     AllowWithoutRules,
+    #[error("network mode deny needs a list of rules (what is denied)")]
+    DenyWithoutRules,
+    #[error("only network mode deny takes exceptions (except)")]
+    ExceptWithoutDeny,
 }
 
 impl TryFrom<PolicyWire> for NetworkPolicy {
     type Error = PolicyShapeError;
 
     fn try_from(wire: PolicyWire) -> Result<NetworkPolicy, PolicyShapeError> {
+        if let ModeWire::Deny = wire.mode {
+            return match wire.rules {
+                Some(rules) => Ok(NetworkPolicy::Deny {
+                    rules,
+                    except: wire.except.unwrap_or_default(),
+                }),
+                None => Err(PolicyShapeError::DenyWithoutRules),
+            };
+        }
+        if wire.except.is_some() {
+            return Err(PolicyShapeError::ExceptWithoutDeny);
+        }
         match (wire.mode, wire.rules) {
+            (ModeWire::Deny, _) => Err(PolicyShapeError::DenyWithoutRules),
             (ModeWire::None, None) => Ok(NetworkPolicy::None),
             (ModeWire::Open, None) => Ok(NetworkPolicy::Open),
             (ModeWire::Allow, Some(rules)) => Ok(NetworkPolicy::Allow { rules }),
@@ -183,6 +210,8 @@ pub enum DenyReason {
     AlwaysDenied(DeniedRange),
     /// No rule allows the name (or the address, for address rules).
     NotAllowlisted,
+    /// A rule of the denylist matches (and no exception).
+    Denylisted,
     /// The connection names no host, and no address rule allows its address.
     UnnamedNotAllowlisted,
     /// The connection names an IP literal but would go to another address.
@@ -201,6 +230,7 @@ impl DenyReason {
             DenyReason::PolicyNone => "policy_none",
             DenyReason::AlwaysDenied(_) => "always_denied",
             DenyReason::NotAllowlisted => "not_allowlisted",
+            DenyReason::Denylisted => "denylisted",
             DenyReason::UnnamedNotAllowlisted => "unnamed_not_allowlisted",
             DenyReason::HostAddressMismatch => "host_address_mismatch",
             DenyReason::InvalidPort => "invalid_port",
@@ -218,6 +248,7 @@ impl fmt::Display for DenyReason {
                 write!(f, "the address is never reachable: {}", range.reason())
             }
             DenyReason::NotAllowlisted => f.write_str("no rule of the allowlist matches"),
+            DenyReason::Denylisted => f.write_str("a rule of the denylist matches"),
             DenyReason::UnnamedNotAllowlisted => f.write_str(
                 "the connection names no host and no address rule of the allowlist matches",
             ),
@@ -236,6 +267,7 @@ impl NetworkPolicy {
             NetworkPolicy::None => "none",
             NetworkPolicy::Open => "open",
             NetworkPolicy::Allow { .. } => "allow",
+            NetworkPolicy::Deny { .. } => "deny",
         }
     }
 
@@ -253,6 +285,21 @@ impl NetworkPolicy {
         Ok(NetworkPolicy::Allow { rules })
     }
 
+    /// Builds a `deny` policy from rule texts (what is denied, and the
+    /// exceptions that allow anyway), naming the first bad one.
+    pub fn deny<S: AsRef<str>>(rules: &[S], except: &[S]) -> Result<NetworkPolicy, RuleError> {
+        let parse = |texts: &[S]| {
+            texts
+                .iter()
+                .map(|text| text.as_ref().parse())
+                .collect::<Result<Vec<Rule>, RuleError>>()
+        };
+        Ok(NetworkPolicy::Deny {
+            rules: parse(rules)?,
+            except: parse(except)?,
+        })
+    }
+
     /// Decides one connection. In order:
     /// 1. `none` denies everything;
     /// 2. port 0 is denied;
@@ -261,7 +308,8 @@ impl NetworkPolicy {
     /// 4. an IP literal the connection names must be the address it goes to;
     /// 5. `open` allows; `allow` allows when a rule matches (domain rules
     ///    against the name, address rules against the address, each with its
-    ///    port), and denies otherwise.
+    ///    port), and denies otherwise; `deny` denies when a rule matches and
+    ///    no exception does, and allows otherwise.
     pub fn decide(&self, dest: &Destination) -> Decision {
         let deny = |reason, rule: Option<&Rule>| Decision::Deny {
             reason,
@@ -271,6 +319,7 @@ impl NetworkPolicy {
             NetworkPolicy::None => return deny(DenyReason::PolicyNone, None),
             NetworkPolicy::Open => &[][..],
             NetworkPolicy::Allow { rules } => rules.as_slice(),
+            NetworkPolicy::Deny { except, .. } => except.as_slice(),
         };
         if dest.port == 0 {
             return deny(DenyReason::InvalidPort, None);
@@ -292,6 +341,18 @@ impl NetworkPolicy {
         }
         match (self, matched) {
             (NetworkPolicy::Open, _) => Decision::Allow { rule: None },
+            (NetworkPolicy::Deny { .. }, Some(rule)) => Decision::Allow {
+                rule: Some(rule.to_string()),
+            },
+            (NetworkPolicy::Deny { rules, .. }, None) => {
+                match rules
+                    .iter()
+                    .find(|rule| rule.matches(dest.host.as_ref(), dest.ip, dest.port))
+                {
+                    Some(rule) => deny(DenyReason::Denylisted, Some(rule)),
+                    None => Decision::Allow { rule: None },
+                }
+            }
             (_, Some(rule)) => Decision::Allow {
                 rule: Some(rule.to_string()),
             },
@@ -302,7 +363,9 @@ impl NetworkPolicy {
 
     /// Whether some connection to `name` could be allowed, for the DNS
     /// resolver: `open` accepts every valid name, `none` none, `allow` the
-    /// names a domain rule matches (on any port). Names that do not
+    /// names a domain rule matches (on any port), `deny` every name but
+    /// those a domain rule denies on every port (unless an exception
+    /// allows the name). Names that do not
     /// canonicalise, and IP literals, are never accepted: there is nothing
     /// to resolve.
     pub fn allows_name(&self, name: &str) -> bool {
@@ -313,16 +376,22 @@ impl NetworkPolicy {
             NetworkPolicy::None => false,
             NetworkPolicy::Open => true,
             NetworkPolicy::Allow { rules } => rules.iter().any(|rule| rule.matches_name(&name)),
+            NetworkPolicy::Deny { rules, except } => {
+                except.iter().any(|rule| rule.matches_name(&name))
+                    || !rules
+                        .iter()
+                        .any(|rule| rule.port().is_none() && rule.matches_name(&name))
+            }
         }
     }
 
     /// Why a name [`NetworkPolicy::allows_name`] refuses is refused:
     /// `policy_none` under `none`, else `not_allowlisted`.
     pub fn name_refusal(&self) -> DenyReason {
-        if self.is_none() {
-            DenyReason::PolicyNone
-        } else {
-            DenyReason::NotAllowlisted
+        match self {
+            NetworkPolicy::None => DenyReason::PolicyNone,
+            NetworkPolicy::Deny { .. } => DenyReason::Denylisted,
+            _ => DenyReason::NotAllowlisted,
         }
     }
 
@@ -330,6 +399,7 @@ impl NetworkPolicy {
     pub fn rule_count(&self) -> usize {
         match self {
             NetworkPolicy::Allow { rules } => rules.len(),
+            NetworkPolicy::Deny { rules, except } => rules.len() + except.len(),
             _ => 0,
         }
     }
@@ -379,6 +449,68 @@ mod tests {
     }
 
     const PUBLIC: &str = "151.101.0.223";
+
+    #[test]
+    fn a_denylist_takes_only_its_rules_away_from_the_internet() {
+        let policy = NetworkPolicy::deny(
+            &["evil.example", "1.2.3.0/24", "mail.example:25"],
+            &["1.2.3.4"],
+        )
+        .unwrap();
+        assert_eq!(policy.mode(), "deny");
+        assert!(policy
+            .decide(&named("good.example", PUBLIC, 443))
+            .is_allowed());
+        assert_eq!(
+            denied_for(policy.decide(&named("evil.example", PUBLIC, 443))),
+            Some(DenyReason::Denylisted)
+        );
+        assert_eq!(
+            denied_for(policy.decide(&unnamed("1.2.3.9", 80))),
+            Some(DenyReason::Denylisted)
+        );
+        // An exception wins over the denylist.
+        assert!(policy.decide(&unnamed("1.2.3.4", 80)).is_allowed());
+        // A rule with a port denies that port only.
+        assert!(policy
+            .decide(&named("mail.example", PUBLIC, 443))
+            .is_allowed());
+        assert!(!policy
+            .decide(&named("mail.example", PUBLIC, 25))
+            .is_allowed());
+        // The always-denied set still wins over everything.
+        assert_eq!(
+            denied_for(policy.decide(&unnamed("10.0.0.1", 80))),
+            Some(DenyReason::AlwaysDenied(
+                always_denied(ip("10.0.0.1")).unwrap()
+            ))
+        );
+        // Names: every one but those denied on every port.
+        assert!(policy.allows_name("good.example"));
+        assert!(!policy.allows_name("evil.example"));
+        assert!(policy.allows_name("mail.example"));
+        assert_eq!(policy.name_refusal(), DenyReason::Denylisted);
+        assert_eq!(policy.rule_count(), 4);
+        // Its serialized form round-trips; a deny without rules, or
+        // exceptions on another mode, do not parse.
+        let text = serde_json::to_string(&policy).unwrap();
+        assert_eq!(
+            serde_json::from_str::<NetworkPolicy>(&text).unwrap(),
+            policy
+        );
+        for bad in [
+            r#"{"mode":"deny"}"#,
+            r#"{"mode":"open","except":["1.1.1.1"]}"#,
+            r#"{"mode":"allow","rules":[],"except":[]}"#,
+        ] {
+            assert!(serde_json::from_str::<NetworkPolicy>(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            serde_json::from_str::<NetworkPolicy>(r#"{"mode":"deny","rules":["a.example"]}"#)
+                .unwrap(),
+            NetworkPolicy::deny(&["a.example"], &[]).unwrap()
+        );
+    }
 
     #[test]
     fn serde_forms() {

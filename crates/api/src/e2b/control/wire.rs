@@ -97,23 +97,21 @@ pub fn network_input(
         let d = d.trim();
         d == "0.0.0.0/0" || d == "::/0"
     });
-    if !deny_all && !deny.is_empty() {
-        return Err(E2bError::bad_request(
-            "network.denyOut: airlock cannot take single destinations away from open \
-             internet access; deny everything (denyOut [\"0.0.0.0/0\"]) and list what is \
-             allowed in allowOut",
-        ));
-    }
     let allow = network.allow_out.clone().unwrap_or_default();
     let internet = allow_internet_access.unwrap_or(true) && !deny_all;
-    let (mode, rules) = match (internet && internet_by_default, allow.is_empty()) {
-        (true, _) => ("open", None),
-        (false, true) => ("none", None),
-        (false, false) => ("allow", Some(allow)),
+    // Open internet but the destinations of `denyOut` (with `allowOut`
+    // winning over them, as e2b says); where the internet is not open, an
+    // allowlist of `allowOut` already denies the rest.
+    let (mode, rules, except) = match (internet && internet_by_default, allow.is_empty()) {
+        (true, _) if !deny.is_empty() => ("deny", Some(deny.to_vec()), Some(allow)),
+        (true, _) => ("open", None, None),
+        (false, true) => ("none", None, None),
+        (false, false) => ("allow", Some(allow), None),
     };
     Ok(NetworkInput {
         mode: mode.into(),
         rules,
+        except,
     })
 }
 
@@ -805,10 +803,6 @@ mod tests {
             let body: NewSandbox = serde_json::from_value(value).unwrap();
             body.to_native("host", 300, 86_400, false).unwrap_err()
         };
-        let e =
-            refused(serde_json::json!({"templateID": "base", "network": {"denyOut": ["1.1.1.1"]}}));
-        assert_eq!(e.status.as_u16(), 400);
-        assert!(e.message.contains("denyOut"), "{}", e.message);
         let e = refused(
             serde_json::json!({"templateID": "base", "network": {"egressProxy": {"url": "x"}}}),
         );
@@ -936,11 +930,23 @@ mod tests {
             let network: NetworkConfig = serde_json::from_value(network).unwrap();
             network_input(Some(true), Some(&network), true).unwrap_err()
         };
+        // Single destinations denied: open but those, allowOut winning;
+        // where the internet is not open, the allowlist denies them anyway.
         assert_eq!(
-            refused(serde_json::json!({"denyOut": ["8.8.8.8/32"]}))
-                .status
-                .as_u16(),
-            400
+            mode(
+                Some(true),
+                serde_json::json!({"denyOut": ["8.8.8.8/32"], "allowOut": ["8.8.8.8"]}),
+                true
+            ),
+            ("deny".into(), Some(vec!["8.8.8.8/32".to_owned()]))
+        );
+        assert_eq!(
+            mode(
+                Some(true),
+                serde_json::json!({"denyOut": ["8.8.8.8/32"], "allowOut": ["1.1.1.1"]}),
+                false
+            ),
+            ("allow".into(), Some(vec!["1.1.1.1".to_owned()]))
         );
         assert_eq!(
             refused(serde_json::json!({"rules": {"a.com": []}})).message,
