@@ -194,6 +194,10 @@ pub struct ServeArgs {
     /// under it (none without it).
     #[arg(long, value_name = "DIR")]
     deerflow_base_dir: Option<PathBuf>,
+    /// The template DeerFlow's sandboxes start from (default `host`); its
+    /// own tier, if it records one, applies (else `--default-tier`).
+    #[arg(long, value_name = "NAME")]
+    deerflow_template: Option<String>,
     /// The oci tier's runtime (a name is looked up in PATH).
     #[arg(long, default_value = "runc", value_name = "BINARY")]
     oci_runtime: PathBuf,
@@ -531,6 +535,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let dialects = airlock_api::Dialects {
             aio: airlock_api::aio::Settings {
                 base_dir: args.deerflow_base_dir.clone(),
+                template: args.deerflow_template.clone(),
             },
         };
         airlock_api::server::serve(

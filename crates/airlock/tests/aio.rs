@@ -147,3 +147,46 @@ fn without_a_base_dir_extra_mounts_are_refused() {
     assert_eq!(deleted.status, 200, "{}", deleted.text());
     assert_eq!(deleted.json(), json!({"ok": true, "sandbox_id": "nobase1"}));
 }
+
+/// `--deerflow-template` names what DeerFlow's sandboxes start from: one
+/// the daemon does not have is refused (and nothing is made); the default
+/// is `host`.
+#[test]
+fn deerflow_sandboxes_start_from_the_operators_template() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&["--deerflow-template", "no-such-template"]);
+    let refused = daemon.call(
+        "POST",
+        "/api/sandboxes",
+        Some(json!({"sandbox_id": "tmpl1", "thread_id": "thread-1"})),
+    );
+    assert_eq!(refused.status, 404, "{}", refused.text());
+    assert!(
+        refused.text().contains("no-such-template"),
+        "{}",
+        refused.text()
+    );
+    let got = daemon.call("GET", "/api/sandboxes/tmpl1", None);
+    assert_eq!(got.status, 404, "{}", got.text());
+    let default = TestDaemon::start(&[]);
+    let created = default.call(
+        "POST",
+        "/api/sandboxes",
+        Some(json!({"sandbox_id": "tmpl1", "thread_id": "thread-1"})),
+    );
+    assert_eq!(created.status, 200, "{}", created.text());
+    let listed = default.call(
+        "GET",
+        "/v1/sandboxes?metadata=deerflow.sandbox_id%3Dtmpl1",
+        None,
+    );
+    assert_eq!(listed.status, 200, "{}", listed.text());
+    assert_eq!(
+        listed.json()["items"][0]["template"],
+        "host",
+        "{}",
+        listed.text()
+    );
+    let deleted = default.call("DELETE", "/api/sandboxes/tmpl1", None);
+    assert_eq!(deleted.status, 200, "{}", deleted.text());
+}

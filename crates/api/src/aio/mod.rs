@@ -40,6 +40,9 @@ pub struct Settings {
     /// it, and extra mounts may only come from under it. Without one, a
     /// sandbox's `/mnt/user-data` is its own and extra mounts are refused.
     pub base_dir: Option<PathBuf>,
+    /// The template DeerFlow's sandboxes start from (`None`: the daemon's
+    /// `host`); its tier, if it records one, is theirs too.
+    pub template: Option<String>,
 }
 
 /// The AIO routers, built once.

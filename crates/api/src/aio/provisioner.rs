@@ -193,11 +193,14 @@ async fn create(
     ]);
     // DeerFlow ends its sandboxes itself (idle timeout, then DELETE): the
     // longest life the daemon allows, not its short default.
-    let spec = json!({
+    let mut spec = json!({
         "timeout_s": p.api.daemon.config().max_timeout.as_secs(),
         "metadata": metadata,
         "mounts": mounts,
     });
+    if let Some(template) = &p.settings.template {
+        spec["template"] = json!(template);
+    }
     let request: CreateSandbox = match serde_json::from_value(spec) {
         Ok(request) => request,
         Err(e) => return detail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -460,6 +463,7 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         let settings = Settings {
             base_dir: Some(base.path().to_owned()),
+            template: None,
         };
         let mount = |host: &FsPath, target: &str| ExtraMount {
             host_path: host.to_string_lossy().into_owned(),
