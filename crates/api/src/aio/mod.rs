@@ -55,6 +55,7 @@ pub struct Routers {
 impl Routers {
     pub fn new(api: Api, settings: Settings) -> Routers {
         let sessions = shell::Sessions::default();
+        sessions.prune_every(&api, std::time::Duration::from_secs(60));
         Routers {
             provisioner: provisioner::router(api.clone(), settings, sessions.clone()),
             sandbox: sandbox::router(api, sessions),

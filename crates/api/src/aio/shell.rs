@@ -185,6 +185,31 @@ impl Sessions {
     pub fn forget_sandbox(&self, sandbox: &str) {
         self.lock().retain(|(s, _), _| s != sandbox);
     }
+
+    /// Forgets the sessions of every sandbox `live` says is gone.
+    pub fn prune(&self, live: impl Fn(&str) -> bool) {
+        self.lock().retain(|(s, _), _| live(s));
+    }
+
+    /// Forgets, every `period`, the sessions of sandboxes that ended
+    /// without the provisioner's delete (a timeout, a crash), so they do
+    /// not pile up in the daemon. Needs a tokio runtime (none: nothing is
+    /// started, and the provisioner's deletes still forget theirs).
+    pub fn prune_every(&self, api: &Api, period: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let sessions = self.clone();
+        let daemon = api.daemon.clone();
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                sessions.prune(|id| daemon.running(id).is_ok() || daemon.is_paused(id));
+            }
+        });
+    }
 }
 
 impl Session {
@@ -456,6 +481,20 @@ pub fn rfc3339(time: std::time::SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sessions_of_gone_sandboxes_are_pruned() {
+        let sessions = Sessions::default();
+        sessions.open("sbx-1", IMPLICIT, None);
+        sessions.open("sbx-1", "s", None);
+        sessions.open("sbx-2", IMPLICIT, None);
+        assert_eq!(sessions.of("sbx-1").len(), 2);
+        sessions.prune(|id| id == "sbx-2");
+        assert!(sessions.of("sbx-1").is_empty());
+        assert!(sessions.get("sbx-2", IMPLICIT).is_some());
+        sessions.forget_sandbox("sbx-2");
+        assert!(sessions.of("sbx-2").is_empty());
+    }
 
     #[test]
     fn markers_are_found_across_chunks() {
