@@ -390,17 +390,37 @@ fn errors_come_in_the_shape_the_sdks_parse() {
         ),
         400,
     );
-    // A partial deny list cannot be expressed: 400, said plainly.
-    let message = assert_error(
-        &e2b(
-            &daemon,
-            "POST",
-            "/v2/sandboxes",
-            Some(json!({"templateID": "base", "network": {"denyOut": ["8.8.8.8/32"]}})),
-        ),
-        400,
+    // A partial deny list: where the daemon denies by default it takes
+    // nothing away (the sandbox gets allowOut, here nothing); where it
+    // serves the open internet, it is mode deny, allowOut winning over it.
+    let answer = e2b(
+        &daemon,
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base", "network": {"denyOut": ["8.8.8.8/32"]}})),
     );
-    assert!(message.contains("denyOut"), "{message}");
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    let partial = answer.json()["sandboxID"].as_str().unwrap().to_owned();
+    let native = daemon.call("GET", &format!("/v1/sandboxes/{partial}/network"), None);
+    assert_eq!(native.json(), json!({"mode": "none"}), "{}", native.text());
+    let open = TestDaemon::start(&["--e2b-internet", "open"]);
+    let answer = e2b(
+        &open,
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "base",
+                    "network": {"denyOut": ["8.8.8.8/32"], "allowOut": ["8.8.8.8"]}})),
+    );
+    assert_eq!(answer.status, 201, "{}", answer.text());
+    let partial = answer.json()["sandboxID"].as_str().unwrap().to_owned();
+    let native = open.call("GET", &format!("/v1/sandboxes/{partial}/network"), None);
+    assert_eq!(
+        native.json(),
+        json!({"mode": "deny", "rules": ["8.8.8.8/32"], "except": ["8.8.8.8"]}),
+        "{}",
+        native.text()
+    );
+    drop(open);
     // Deny everything but what allowOut gives back: an allowlist, which
     // reads back and can be replaced through PUT /sandboxes/{id}/network.
     let answer = e2b(
