@@ -21,6 +21,9 @@ use serde_json::json;
 const MAX_READ: usize = 16 << 20;
 /// Most entries a listing walks.
 const MAX_ENTRIES: usize = 50_000;
+/// Most bytes one grep reads, over all its files (past it the answer is
+/// `truncated`).
+const MAX_GREP_BYTES: usize = 256 << 20;
 
 /// The whole of `path`, at most `limit` bytes (`TooLarge` past it).
 async fn read_whole(
@@ -412,13 +415,19 @@ pub(super) async fn grep(
     };
     let mut matches = Vec::new();
     let (mut searched, mut matched_files, mut truncated) = (0usize, 0usize, false);
+    let mut read_so_far = 0usize;
     'files: for entry in entries.iter().filter(|e| e.kind == FileKind::File) {
         if entry.size as usize > max_size || !wanted(&entry.name) {
             continue;
         }
+        if read_so_far + entry.size as usize > MAX_GREP_BYTES {
+            truncated = true;
+            break;
+        }
         let Ok(content) = read_whole(&aio, &id, &entry.path, max_size, &request_id.0).await else {
             continue;
         };
+        read_so_far += content.len();
         // Binary files are skipped, as grep does by default.
         if content.contains(&0) {
             continue;
