@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Startup benchmark of the process tier against bubblewrap, in one run.
 
-For each workload, alternates `airlock run -- CMD` with `bwrap <equivalent
-policy> CMD` N times and prints the median wall time of each and the ratio.
+For each workload, runs `airlock run -- CMD` and `bwrap <equivalent policy>
+CMD` in N adjacent pairs and prints the median wall time of each and the
+ratio: the median of the pairs' ratios.
 The bwrap policy matches airlock's namespaces (user, pid, net, ipc, uts,
 mount) with a read-only /usr, a fresh /proc, a minimal /dev and a tmpfs /tmp.
 Also prints the host-side peak RSS (VmHWM) of the `airlock run` process and of
@@ -90,12 +91,24 @@ def main():
         for _ in range(3):  # warm the page cache for both
             timed(ours)
             timed(peer)
-        a, b = [], []
-        for _ in range(args.n):
-            a.append(timed(ours))
-            b.append(timed(peer))
+        # Runs come in adjacent pairs, their order alternating (what one
+        # run leaves the kernel to finish, like a dying network namespace,
+        # lands on the next), and the ratio is the median of the pairs'
+        # ratios: this machine's speed drifts by a third over minutes, which
+        # moves a ratio of two medians taken minutes apart but not a pair's.
+        a, b, pairs = [], [], []
+        for i in range(args.n):
+            if i % 2:
+                y, x = timed(peer), timed(ours)
+            else:
+                x, y = timed(ours), timed(peer)
+            a.append(x)
+            b.append(y)
+            pairs.append(x / y)
         am, bm = statistics.median(a), statistics.median(b)
-        results[name] = {"airlock_ms": am * 1e3, "bwrap_ms": bm * 1e3, "ratio": am / bm,
+        results[name] = {"airlock_ms": am * 1e3, "bwrap_ms": bm * 1e3,
+                         "ratio": statistics.median(pairs),
+                         "ratio_of_medians": am / bm,
                          "airlock_p90_ms": sorted(a)[int(len(a) * 0.9)] * 1e3}
 
     cli_hwm, agent_hwm = peak_rss(args.airlock)

@@ -21,7 +21,8 @@ use airlock_jail::runtime::EGRESS_WORKER_ID;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
 
-/// How the daemon and `airlock run` start the worker: this binary, as
+/// How the daemon and `airlock run` start the worker: the `airlock`
+/// binary (`exe`), as
 /// [`EGRESS_WORKER_ID`].
 pub fn spawn(exe: std::path::PathBuf) -> airlock_egress::WorkerSpawn {
     airlock_egress::WorkerSpawn {
@@ -52,10 +53,7 @@ pub fn main() -> ExitCode {
         // The daemon went away: nothing left to serve.
         Err(airlock_egress::WorkerError::Closed) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
-                "airlock egress-worker: error: {}",
-                crate::run::error_chain(&e)
-            );
+            eprintln!("airlock egress-worker: error: {}", crate::error_chain(&e));
             ExitCode::from(crate::EXIT_INTERNAL)
         }
     }

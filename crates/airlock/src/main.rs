@@ -1,21 +1,17 @@
-//! `airlock`: the CLI, the daemon and its helpers (supervisors, the egress
-//! worker). The in-sandbox agent is a binary of its own, `airlock-agent`.
+//! `airlock`: the CLI and the daemon's per-sandbox helpers (supervisors,
+//! the egress worker). `airlock serve` and `airlock keys` exec the daemon's
+//! binary, `airlockd`, beside this one; the in-sandbox agent is a third,
+//! `airlock-agent` (see the package's `lib.rs`).
 
 mod client;
-mod egress_worker;
-mod net_args;
 mod run;
 mod sandbox;
-mod serve;
 mod supervise;
 
-use clap::{Parser, Subcommand};
+use airlock::{egress_worker, EXIT_INTERNAL};
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
-
-/// Exit code for bad input (flags, limits, paths), as clap uses for usage errors.
-pub const EXIT_BAD_INPUT: u8 = 2;
-/// Exit code when airlock itself failed (as `docker run` uses 125).
-pub const EXIT_INTERNAL: u8 = 125;
 
 #[derive(Parser)]
 #[command(
@@ -34,11 +30,13 @@ enum Command {
     Client(client::ClientCommand),
     /// Run one command in a fresh, ephemeral sandbox and tear it down.
     Run(Box<run::RunArgs>),
-    /// Run the daemon: the REST API on --listen, sandboxes on this machine.
-    Serve(Box<serve::ServeArgs>),
-    /// Manage the daemon's API keys.
-    #[command(subcommand)]
-    Keys(serve::KeysCommand),
+    /// Run the daemon: the REST API on --listen, sandboxes on this machine
+    /// (`airlockd serve`; see `airlock serve --help`).
+    #[command(disable_help_flag = true)]
+    Serve(Forwarded),
+    /// Manage the daemon's API keys (`airlockd keys`; see `airlock keys --help`).
+    #[command(disable_help_flag = true)]
+    Keys(Forwarded),
     /// Own one sandbox for the daemon: launch it, serve its agent channel on
     /// a unix socket, tear it down when it ends. Not for direct use.
     #[command(hide = true)]
@@ -47,6 +45,14 @@ enum Command {
     /// the daemon with its channel on stdin. Not for direct use.
     #[command(hide = true)]
     EgressWorker,
+}
+
+/// The arguments of a command `airlockd` runs. Only `airlock help` sees
+/// this: [`main`] hands `serve` and `keys` to `airlockd` before parsing.
+#[derive(Args)]
+struct Forwarded {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
 }
 
 /// `airlock run` alone: the same names and texts as [`Cli`]'s, without the
@@ -87,42 +93,48 @@ fn parse() -> Result<Command, clap::Error> {
     }
 }
 
-fn main() -> ExitCode {
-    let command = match parse() {
-        Ok(command) => command,
-        Err(e) if e.use_stderr() => {
-            eprintln!("airlock: error: {}", one_line(&e.render().to_string()));
-            return ExitCode::from(EXIT_BAD_INPUT);
-        }
+/// `airlock serve|keys ...` as `airlockd serve|keys ...`, in this
+/// process (so a service manager or a test that started `airlock serve`
+/// still holds the daemon's pid). Returns only on failure.
+fn exec_daemon() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let daemon = match airlock::sibling_binary("airlockd") {
+        Ok(path) => path,
         Err(e) => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
+            eprintln!("airlock: error: cannot find the airlockd binary: {e}");
+            return ExitCode::from(EXIT_INTERNAL);
         }
+    };
+    let e = std::process::Command::new(&daemon)
+        .arg0("airlock")
+        .args(std::env::args_os().skip(1))
+        .exec();
+    eprintln!(
+        "airlock: error: cannot run the daemon {} (it is installed beside airlock): {e}",
+        daemon.display()
+    );
+    ExitCode::from(EXIT_INTERNAL)
+}
+
+fn main() -> ExitCode {
+    if matches!(
+        std::env::args_os()
+            .nth(1)
+            .as_deref()
+            .and_then(|a| a.to_str()),
+        Some("serve" | "keys")
+    ) {
+        return exec_daemon();
+    }
+    let command = match airlock::parsed(parse()) {
+        Ok(command) => command,
+        Err(code) => return code,
     };
     match command {
         Command::Run(args) => run::main(*args),
         Command::Client(cmd) => client::main(cmd),
-        Command::Serve(args) => serve::main(*args),
-        Command::Keys(command) => serve::keys(command),
+        Command::Serve(_) | Command::Keys(_) => exec_daemon(),
         Command::Supervise(args) => supervise::main(args),
         Command::EgressWorker => egress_worker::main(),
     }
-}
-
-/// clap's multi-line usage error as one line: the message without the tips
-/// and the usage block.
-fn one_line(rendered: &str) -> String {
-    let mut parts = Vec::new();
-    for line in rendered.lines() {
-        let line = line.trim();
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
-        }
-        if line.is_empty() || line.starts_with("tip:") {
-            continue;
-        }
-        parts.push(line.strip_prefix("error: ").unwrap_or(line));
-    }
-    parts.join(" ") + " (see --help)"
 }

@@ -1,8 +1,8 @@
 //! `airlock run`: an ephemeral sandbox for one command.
 
-use crate::net_args::NetArgs;
 use crate::sandbox::{Prepared, Sandbox};
-use crate::{EXIT_BAD_INPUT, EXIT_INTERNAL};
+use airlock::net_args::NetArgs;
+use airlock::{error_chain, EXIT_BAD_INPUT, EXIT_INTERNAL};
 use airlock_jail::runtime::RuntimeDir;
 use airlock_policy::{
     parse_cpus, parse_duration, parse_size, BindMount, Limits, RunAs, SandboxSpec, Security,
@@ -205,7 +205,7 @@ fn serve_egress(
     let exe =
         std::env::current_exe().map_err(|e| format!("cannot find the airlock binary: {e}"))?;
     let egress = airlock_egress::Egress::confined(
-        crate::egress_worker::spawn(exe),
+        airlock::egress_worker::spawn(exe),
         airlock_egress::WorkerConfig {
             hosts: args.egress_host.clone(),
             dns: None,
@@ -300,6 +300,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         };
         session(&args, &spec, &mut jail).await
     });
+    // The sandbox dies while its figures are read (they outlive its
+    // processes), rather than after.
+    jail.kill();
     let stats = jail.stats();
     let teardown = jail.teardown();
     // A thread may still be blocked reading our stdin (a terminal the
@@ -360,18 +363,6 @@ pub fn main(args: RunArgs) -> ExitCode {
     ExitCode::from((code & 0xff) as u8)
 }
 
-/// An error and its sources as one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 struct Outcome {
     status: ExitStatus,
     stdout: Vec<u8>,
@@ -389,11 +380,14 @@ async fn session(
         .map_err(|e| format!("cannot use the agent channel: {e}"))?;
     let stream = tokio::net::UnixStream::from_std(channel)
         .map_err(|e| format!("cannot use the agent channel: {e}"))?;
-    let agent = AgentClient::connect(stream, 1)
-        .await
-        .map_err(|e| format!("the agent refused the session: {e}"))?;
-    let mut events = agent
-        .request(Request::Spawn(SpawnRequest {
+    // The signals are caught before the command starts, so none is lost.
+    let mut signals = Signals::new()?;
+    // The agent is the one just launched from this install, so the spawn
+    // goes right behind the greeting.
+    let (agent, mut events) = AgentClient::connect_with(
+        stream,
+        1,
+        Request::Spawn(SpawnRequest {
             cmd: args.command[0].clone(),
             args: args.command[1..].to_vec(),
             env: spec.process_env(spec.user),
@@ -413,13 +407,13 @@ async fn session(
                 // any one file written to a read-write host mount.
                 fsize_bytes: spec.limits.writable_layer_bytes() + 4096,
             },
-        }))
-        .await
-        .map_err(|e| format!("cannot start the command: {e}"))?;
+        }),
+    )
+    .await
+    .map_err(|e| format!("cannot start the command: {e}"))?;
 
     let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms));
     tokio::pin!(deadline);
-    let mut signals = Signals::new()?;
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
     let mut pid = None;

@@ -2,7 +2,7 @@
 //! supervisor own it: the process tier's [`Jail`] or an OCI tier's
 //! [`Container`], behind one surface.
 
-use crate::run::error_chain;
+use airlock::error_chain;
 use airlock_jail::runtime::RuntimeDir;
 use airlock_jail::Jail;
 use airlock_oci::container::Container;
@@ -132,11 +132,11 @@ impl Prepared {
                     .map_err(|e| (error_chain(&e), e.is_bad_input()))
             }
             "gvisor" => airlock_oci::Runtime::gvisor(
-                runtime.unwrap_or_else(|| crate::serve::in_path(Path::new("runsc"))),
+                runtime.unwrap_or_else(|| airlock::in_path(Path::new("runsc"))),
                 platform,
             ),
             "oci" => airlock_oci::Runtime::runc(
-                runtime.unwrap_or_else(|| crate::serve::in_path(Path::new("runc"))),
+                runtime.unwrap_or_else(|| airlock::in_path(Path::new("runc"))),
             ),
             other => {
                 return Err((

@@ -1,4 +1,5 @@
-//! `airlock serve` (the daemon) and `airlock keys` (its API keys).
+//! `airlockd serve` (the daemon; `airlock serve` execs it) and
+//! `airlockd keys` (its API keys; `airlock keys`).
 //!
 //! The daemon keeps its state in `<data-dir>/airlock.db` (SQLite, WAL), its
 //! audit streams in `<data-dir>/audit/`, and on first start writes an admin
@@ -273,12 +274,12 @@ fn registries(args: &ServeArgs) -> anyhow::Result<airlock_registry::Registries> 
         airlock_registry::Registries::new(args.registry.clone(), args.insecure_registry.clone());
     if let Some(path) = &args.registry_auth {
         let credentials = airlock_registry::read_auth_file(path)
-            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+            .map_err(|e| anyhow::anyhow!(crate::error_chain(&e)))?;
         registries = registries.with_credentials(credentials);
     }
     if let Some(path) = &args.image_signing_key {
         let trust = airlock_registry::Trust::from_file(path)
-            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+            .map_err(|e| anyhow::anyhow!(crate::error_chain(&e)))?;
         registries = registries.with_trust(trust);
     }
     Ok(registries)
@@ -374,25 +375,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(path) = bootstrap_admin_key(&store, &data_dir)? {
         eprintln!("airlock: created an admin API key in {}", path.display());
     }
-    let exe = std::env::current_exe().context("cannot find the airlock binary")?;
+    // Supervisors and the egress worker are the small `airlock` binary
+    // beside this one.
+    let exe = crate::sibling_binary("airlock").context("cannot find the airlock binary")?;
+    if !exe.is_file() {
+        bail!(
+            "{} is missing: airlockd starts its sandboxes' supervisors with the airlock binary installed beside it",
+            exe.display()
+        );
+    }
     let tag = instance_tag(&data_dir)?;
     let mut backend = ProcessBackend::new(exe.clone(), tag.clone());
     backend.probe()?;
     let mut gvisor = ProcessBackend::oci(
         exe.clone(),
         tag.clone(),
-        airlock_oci::Runtime::gvisor(in_path(&args.gvisor_runtime), args.gvisor_platform.clone()),
+        airlock_oci::Runtime::gvisor(
+            crate::in_path(&args.gvisor_runtime),
+            args.gvisor_platform.clone(),
+        ),
     );
     gvisor = gvisor.with_checkpoints(args.gvisor_pause == GvisorPause::Checkpoint);
     let mut oci = ProcessBackend::oci(
         exe.clone(),
         tag.clone(),
-        airlock_oci::Runtime::runc(in_path(&args.oci_runtime)),
+        airlock_oci::Runtime::runc(crate::in_path(&args.oci_runtime)),
     );
     let mut config = Config::new(data_dir.clone());
     if args.writable_layers == WritableLayers::Disk {
         let disk = airlock_jail::disk::DiskStore::open(&data_dir, args.disk_store_size)
-            .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))
+            .map_err(|e| anyhow::anyhow!(crate::error_chain(&e)))
             .context(
                 "cannot set up the disk store for sandboxes' writable layers (install btrfs-progs, or serve with --writable-layers memory)",
             )?;
@@ -725,21 +737,6 @@ pub enum GvisorPause {
 pub enum WritableLayers {
     Disk,
     Memory,
-}
-
-/// `binary` itself if it names a path, else the first file of that name in
-/// PATH (or the name as given, for the tier's probe to report).
-pub fn in_path(binary: &Path) -> PathBuf {
-    if binary.components().count() > 1 {
-        return binary.to_owned();
-    }
-    std::env::var_os("PATH")
-        .and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(binary))
-                .find(|candidate| candidate.is_file())
-        })
-        .unwrap_or_else(|| binary.to_owned())
 }
 
 /// A tier's name (`process`, `oci`, `gvisor`).

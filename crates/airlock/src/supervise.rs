@@ -146,9 +146,9 @@ fn answer(value: serde_json::Value) {
 fn fail(message: String, bad_input: bool) -> ExitCode {
     answer(json!({ "error": { "message": message, "bad_input": bad_input } }));
     ExitCode::from(if bad_input {
-        crate::EXIT_BAD_INPUT
+        airlock::EXIT_BAD_INPUT
     } else {
-        crate::EXIT_INTERNAL
+        airlock::EXIT_INTERNAL
     })
 }
 
@@ -172,7 +172,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     let network_ready = args.network;
     if network_ready {
         if let Err(e) = airlock_jail::net::enter_egress_namespace().and_then(|s| s.wait()) {
-            return fail(crate::run::error_chain(&e), false);
+            return fail(airlock::error_chain(&e), false);
         }
     }
     let mut text = String::new();
@@ -199,7 +199,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     } else {
         match airlock_jail::net::enter_egress_namespace() {
             Ok(pending) => Some(pending),
-            Err(e) => return fail(crate::run::error_chain(&e), false),
+            Err(e) => return fail(airlock::error_chain(&e), false),
         }
     };
     let disk = args.disk.as_ref().map(airlock_jail::disk::DiskStore::at);
@@ -211,7 +211,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
     if let Some(pending) = network_setup {
         if let Err(e) = pending.wait() {
             jail.kill();
-            return fail(crate::run::error_chain(&e), false);
+            return fail(airlock::error_chain(&e), false);
         }
     }
     let listener = match bind(&args.socket) {
@@ -241,7 +241,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         .build()
     {
         Ok(runtime) => runtime,
-        Err(_) => return ExitCode::from(crate::EXIT_INTERNAL),
+        Err(_) => return ExitCode::from(airlock::EXIT_INTERNAL),
     };
     let deadline = Deadline::new(deadline::deadline_file(&args.socket), first_deadline);
     let served = runtime.block_on(relay(listener, channel, &mut jail, deadline, &args.socket));
@@ -254,7 +254,7 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         (Ok(RelayEnd::AgentGone), true) if oom => EXIT_SANDBOX_OOM,
         (Ok(RelayEnd::AgentGone), true) => EXIT_SANDBOX_DIED,
         (Ok(RelayEnd::Expired), true) => EXIT_SANDBOX_EXPIRED,
-        _ => crate::EXIT_INTERNAL,
+        _ => airlock::EXIT_INTERNAL,
     };
     // Word for a daemon that is not our parent, before the socket goes
     // (whoever sees no socket may look for the ending).

@@ -80,11 +80,12 @@ const CFS_PERIOD_US: u64 = 100_000;
 impl CgroupLayout {
     /// Detects the layout from `/proc/self/mountinfo`.
     pub fn detect() -> Result<CgroupLayout, CgroupError> {
-        let table = fs::read_to_string("/proc/self/mountinfo").map_err(CgroupError::MountTable)?;
+        let table =
+            crate::read_kernel_text("/proc/self/mountinfo").map_err(CgroupError::MountTable)?;
         let layout = Self::from_mountinfo(&table).ok_or(CgroupError::NoHierarchy)?;
         if let CgroupLayout::V2 { root } = &layout {
             let controllers =
-                fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+                crate::read_kernel_text(root.join("cgroup.controllers")).unwrap_or_default();
             let has = |name: &str| controllers.split_whitespace().any(|c| c == name);
             if !(has("memory") && has("cpu") && has("pids")) {
                 return Err(CgroupError::NoHierarchy);
@@ -192,6 +193,11 @@ pub struct SandboxCgroup {
 }
 
 impl SandboxCgroup {
+    /// The hierarchy the cgroup lives in.
+    pub fn layout(&self) -> &CgroupLayout {
+        &self.layout
+    }
+
     /// Refers to the cgroup of sandbox `name` without creating anything (used
     /// to clean up after a launcher that died).
     pub fn existing(layout: CgroupLayout, name: &str) -> SandboxCgroup {
@@ -209,11 +215,44 @@ impl SandboxCgroup {
         limits: CgroupLimits,
     ) -> Result<SandboxCgroup, CgroupError> {
         let cgroup = SandboxCgroup::existing(layout, name);
-        if let Err(e) = cgroup.create_dirs().and_then(|()| cgroup.apply(limits)) {
-            let _ = cgroup.remove();
+        cgroup.make(limits)?;
+        Ok(cgroup)
+    }
+
+    /// [`SandboxCgroup::create`] for a cgroup already referred to: makes
+    /// its directories and sets its limits; on error, whatever was made is
+    /// removed again.
+    pub fn make(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        if let Err(e) = self.create_dirs().and_then(|()| self.apply(limits)) {
+            let _ = self.remove();
             return Err(e);
         }
-        Ok(cgroup)
+        Ok(())
+    }
+
+    /// On cgroup v1, each controller's `tasks` file opened for writing: a
+    /// thread that writes `0` to them enters the cgroup, and the kernel
+    /// checks the credentials the files were opened with (root's), not the
+    /// writer's. A sandbox init, unprivileged on the host, moves itself in
+    /// with them while its launcher does other work; and a thread that
+    /// moves itself is moved without the global threadgroup lock, whose RCU
+    /// grace period makes moving another process cost milliseconds. `None`
+    /// on cgroup v2, where [`SandboxCgroup::add_process`] is used instead.
+    pub fn entry_files(&self) -> Result<Option<Vec<fs::File>>, CgroupError> {
+        if !matches!(self.layout, CgroupLayout::V1 { .. }) {
+            return Ok(None);
+        }
+        self.dirs()
+            .into_iter()
+            .map(|dir| {
+                let tasks = dir.join("tasks");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&tasks)
+                    .map_err(|e| CgroupError::Write(tasks, "0".to_owned(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// All directories of this cgroup.
@@ -263,7 +302,7 @@ impl SandboxCgroup {
                 let memsw = memory.join("memory.memsw.limit_in_bytes");
                 // memsw may never be below the memory limit: a raise moves
                 // it first, a cut moves it last.
-                let raising = fs::read_to_string(&limit)
+                let raising = crate::read_kernel_text(&limit)
                     .ok()
                     .and_then(|t| t.trim().parse::<u64>().ok())
                     .is_some_and(|now| memory_bytes > now);
@@ -303,7 +342,7 @@ impl SandboxCgroup {
     pub fn pids(&self) -> Vec<i32> {
         let mut all = Vec::new();
         for dir in self.dirs() {
-            if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+            if let Ok(text) = crate::read_kernel_text(dir.join("cgroup.procs")) {
                 all.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
             }
         }
@@ -330,7 +369,7 @@ impl SandboxCgroup {
         else {
             return Ok(None);
         };
-        let own = fs::read_to_string("/proc/self/cgroup").map_err(|e| {
+        let own = crate::read_kernel_text("/proc/self/cgroup").map_err(|e| {
             CgroupError::Write(PathBuf::from("/proc/self/cgroup"), String::new(), e)
         })?;
         let mut back = Vec::new();
@@ -385,10 +424,10 @@ impl SandboxCgroup {
     pub fn is_frozen(&self) -> bool {
         match &self.layout {
             CgroupLayout::V1 { .. } => self.freezer_file().is_ok_and(|(file, _, _)| {
-                fs::read_to_string(file).is_ok_and(|s| s.trim() == "FROZEN")
+                crate::read_kernel_text(file).is_ok_and(|s| s.trim() == "FROZEN")
             }),
             CgroupLayout::V2 { root } => {
-                fs::read_to_string(root.join(PARENT).join(&self.name).join("cgroup.events"))
+                crate::read_kernel_text(root.join(PARENT).join(&self.name).join("cgroup.events"))
                     .is_ok_and(|events| events.lines().any(|l| l.trim() == "frozen 1"))
             }
         }
@@ -464,7 +503,7 @@ impl SandboxCgroup {
 
     /// Usage figures (zeros for anything the kernel does not report).
     pub fn stats(&self) -> CgroupStats {
-        let read = |path: PathBuf| fs::read_to_string(path).unwrap_or_default();
+        let read = |path: PathBuf| crate::read_kernel_text(path).unwrap_or_default();
         let num = |path: PathBuf| read(path).trim().parse::<u64>().ok();
         let keyed = |text: &str, key: &str| {
             text.lines()
@@ -507,6 +546,20 @@ impl SandboxCgroup {
 
     /// Removes the cgroup directories. Idempotent: missing ones are fine.
     /// The cgroup must be empty (see [`SandboxCgroup::kill_all`]).
+    /// Removes the cgroup if no process is left in it, in one `rmdir` per
+    /// directory (the kernel refuses, `EBUSY`, while any task remains, so
+    /// no listing is needed first). False when a task is still there: then
+    /// [`SandboxCgroup::kill_all`] and [`SandboxCgroup::remove`] are due,
+    /// as they are on any other failure (which `remove` then reports).
+    pub fn remove_if_empty(&self) -> bool {
+        self.dirs()
+            .into_iter()
+            .all(|dir| match fs::remove_dir(&dir) {
+                Ok(()) => true,
+                Err(e) => e.kind() == io::ErrorKind::NotFound,
+            })
+    }
+
     pub fn remove(&self) -> Result<(), CgroupError> {
         let mut first_error = None;
         for dir in self.dirs() {

@@ -212,7 +212,7 @@ impl Jail {
     }
 
     /// The part of a launch that does not depend on the spec: checks,
-    /// the cgroup layout, the runtime directory (and its sweep), facts of
+    /// the cgroup layout, the runtime directory, facts of
     /// the host, the compiled seccomp filter. A supervisor started ahead of
     /// need does this while it waits for its spec.
     pub fn prepare(runtime: &RuntimeDir) -> Result<Prepared, LaunchError> {
@@ -221,7 +221,8 @@ impl Jail {
         }
         let layout = CgroupLayout::detect()?;
         runtime.prepare()?;
-        runtime.sweep(Some(&layout));
+        // What launchers that died left behind is swept at launch, while
+        // the child builds its root (see `Jail::start`).
         Ok(Prepared {
             layout,
             host: HostFacts::gather(),
@@ -257,21 +258,8 @@ impl Jail {
             id: id.clone(),
             launcher_pid: std::process::id(),
         })?;
-        let cgroup = match SandboxCgroup::create(
-            layout,
-            &id,
-            CgroupLimits {
-                memory_bytes: spec.limits.memory_bytes,
-                cpu_millis: spec.limits.cpu_millis,
-                pids: spec.limits.pids,
-            },
-        ) {
-            Ok(cgroup) => cgroup,
-            Err(e) => {
-                slot.release();
-                return Err(e.into());
-            }
-        };
+        // Made in `Jail::start`, while the child builds its root.
+        let cgroup = SandboxCgroup::existing(layout, &id);
         let disk = match spec.limits.layer {
             LayerBacking::Memory => None,
             LayerBacking::Disk => match disk {
@@ -317,7 +305,8 @@ impl Jail {
         let (host_end, agent_end) =
             UnixStream::pair().map_err(|e| LaunchError::Io("create the agent channel", e))?;
         let (go_read, go_write) = pipe()?;
-        let (cgroup_read, cgroup_write) = pipe()?;
+        let (cgroup_write, cgroup_read) =
+            UnixStream::pair().map_err(|e| LaunchError::Io("create the cgroup channel", e))?;
         let (err_read, err_write) = pipe()?;
         let template_dir = match &spec.template {
             Template::Dir { path } => Some(path.as_path()),
@@ -352,7 +341,7 @@ impl Jail {
             upper,
             disk_bytes: spec.limits.writable_layer_bytes(),
             go_read,
-            cgroup_read,
+            cgroup_read: cgroup_read.into(),
             err_write,
             agent_end: agent_end.into(),
             // Above AGENT_FD: the child puts the channel on AGENT_FD, which
@@ -377,10 +366,6 @@ impl Jail {
         if context.own_network {
             flags |= libc::CLONE_NEWNET;
         }
-        // On cgroup v1 the launcher steps into the sandbox's cgroup for the
-        // clone, so the child is born inside it (see
-        // `SandboxCgroup::enter_with_current_thread`).
-        let way_back = self.cgroup.enter_with_current_thread()?;
         // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
         // like fork(2): the child gets a copy-on-write copy of this address
         // space and continues here. The process is single-threaded (checked
@@ -414,9 +399,6 @@ impl Jail {
         self.init_pid = pid as i32;
         self.reaped = false;
         drop(context);
-        if let Some(way_back) = &way_back {
-            way_back.go()?;
-        }
 
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
         write_id_maps(pid as i32, base)?;
@@ -424,17 +406,34 @@ impl Jail {
             send_layers(pid as i32, layers, &spec.volumes, channel)?;
         }
         release(go_write, "start the sandbox init")?;
-        // Without the v1 shortcut the child is moved now. That waits for an
-        // RCU grace period (milliseconds), so it runs while the child builds
-        // its root; the child waits for it before it enters its cgroup
-        // namespace and execs, so nothing of the sandbox runs outside its
-        // limits.
-        if way_back.is_none() {
-            self.cgroup.add_process(self.init_pid as u32)?;
-        }
+        // Launchers that died left their cgroups and slot records: release
+        // them now, while the child builds its root and this process would
+        // only wait. This launch's own record is live (its slot is locked),
+        // so the sweep leaves it and its cgroup alone.
+        runtime.sweep(Some(self.cgroup.layout()));
+        // The cgroup is made while the child builds its root. The child
+        // waits for it before it enters its cgroup namespace and execs, so
+        // nothing of the sandbox runs outside its limits (only the setup
+        // before, airlock's own code, is charged to the launcher's cgroup).
+        // On v1 the child moves itself in, through `tasks` files opened
+        // here (see `SandboxCgroup::entry_files`); on v2 it is moved, which
+        // waits for an RCU grace period (milliseconds) while it works.
+        self.cgroup.make(CgroupLimits {
+            memory_bytes: spec.limits.memory_bytes,
+            cpu_millis: spec.limits.cpu_millis,
+            pids: spec.limits.pids,
+        })?;
+        let entry = match self.cgroup.entry_files()? {
+            Some(files) => files.into_iter().map(OwnedFd::from).collect(),
+            None => {
+                self.cgroup.add_process(self.init_pid as u32)?;
+                Vec::new()
+            }
+        };
         // A child whose setup failed has already exited; then its own
         // account below explains more than the broken pipe would.
-        let released = release(cgroup_write, "move the sandbox init into its cgroup");
+        let released = send_cgroup_entry(&cgroup_write, &entry);
+        drop(entry);
 
         let mut message = String::new();
         let _ = fs::File::from(err_read).read_to_string(&mut message);
@@ -497,6 +496,10 @@ impl Jail {
         }
         self.channel = None;
         self.kill();
+        // The record goes while the sandbox dies (see `Slot::clear_record`).
+        if let Some(slot) = &mut self.slot {
+            slot.clear_record();
+        }
         if !self.reaped && self.init_pid > 0 {
             let _ = rustix::process::waitpid(
                 rustix::process::Pid::from_raw(self.init_pid),
@@ -504,8 +507,12 @@ impl Jail {
             );
             self.reaped = true;
         }
-        self.cgroup.kill_all(Duration::from_secs(10))?;
-        self.cgroup.remove()?;
+        // With its init reaped, the pid namespace is empty: the cgroup
+        // usually is too, and goes at once. Anything left in it is killed.
+        if !self.cgroup.remove_if_empty() {
+            self.cgroup.kill_all(Duration::from_secs(10))?;
+            self.cgroup.remove()?;
+        }
         if let Some(disk) = &self.disk {
             disk.remove(&self.id)?;
         }
@@ -523,9 +530,9 @@ impl Drop for Jail {
     }
 }
 
-/// Layers' idmapped mounts sent at once (SCM_RIGHTS carries at most 253
+/// Descriptors sent in one message at most (SCM_RIGHTS carries at most 253
 /// descriptors a message).
-const LAYERS_PER_MESSAGE: usize = 64;
+const FDS_PER_MESSAGE: usize = 64;
 
 /// Clones each layer directory as a detached mount, idmapped through the
 /// user namespace of the sandbox init `pid` (so a file the image gives uid
@@ -544,28 +551,31 @@ fn send_layers(
         .map_err(|e| LaunchError::Io("open the sandbox's user namespace", e))?;
     let mut mounts = clone_layers(layers, Some(&userns))?;
     mounts.extend(clone_volumes(volumes, Some(&userns))?);
-    for chunk in mounts.chunks(LAYERS_PER_MESSAGE) {
-        let fds: Vec<rustix::fd::BorrowedFd<'_>> =
-            chunk.iter().map(rustix::fd::AsFd::as_fd).collect();
-        let mut space = vec![
-            std::mem::MaybeUninit::uninit();
-            rustix::cmsg_space!(ScmRights(LAYERS_PER_MESSAGE))
-        ];
-        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-        if !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
-            return Err(LaunchError::Io(
-                "send the template layers",
-                io::Error::from(io::ErrorKind::InvalidInput),
-            ));
-        }
-        rustix::net::sendmsg(
-            channel,
-            &[io::IoSlice::new(b"l")],
-            &mut control,
-            rustix::net::SendFlags::empty(),
-        )
-        .map_err(|e| LaunchError::Io("send the template layers", e.into()))?;
+    for chunk in mounts.chunks(FDS_PER_MESSAGE) {
+        send_fds(channel, chunk, "send the template layers")?;
     }
+    Ok(())
+}
+
+/// Sends one byte and `fds` (at most [`FDS_PER_MESSAGE`]) as one message.
+fn send_fds(channel: &UnixStream, fds: &[OwnedFd], what: &'static str) -> Result<(), LaunchError> {
+    let fds: Vec<rustix::fd::BorrowedFd<'_>> = fds.iter().map(rustix::fd::AsFd::as_fd).collect();
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(LaunchError::Io(
+            what,
+            io::Error::from(io::ErrorKind::InvalidInput),
+        ));
+    }
+    rustix::net::sendmsg(
+        channel,
+        &[io::IoSlice::new(b"m")],
+        &mut control,
+        rustix::net::SendFlags::empty(),
+    )
+    .map_err(|e| LaunchError::Io(what, e.into()))?;
     Ok(())
 }
 
@@ -728,27 +738,7 @@ fn clone_tree(
 fn receive_layers(channel: &OwnedFd, count: usize) -> Result<Vec<OwnedFd>, String> {
     let mut layers = Vec::with_capacity(count);
     while layers.len() < count {
-        let mut space = vec![
-            std::mem::MaybeUninit::uninit();
-            rustix::cmsg_space!(ScmRights(LAYERS_PER_MESSAGE))
-        ];
-        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-        let mut byte = [0u8; 1];
-        let got = rustix::net::recvmsg(
-            channel,
-            &mut [io::IoSliceMut::new(&mut byte)],
-            &mut control,
-            rustix::net::RecvFlags::CMSG_CLOEXEC,
-        )
-        .map_err(|e| format!("receive the template layers: {e}"))?;
-        if got.bytes == 0 {
-            return Err("receive the template layers: the launcher went away".into());
-        }
-        for message in control.drain() {
-            if let rustix::net::RecvAncillaryMessage::ScmRights(fds) = message {
-                layers.extend(fds);
-            }
-        }
+        layers.extend(receive_fds(channel, "receive the template layers")?);
     }
     if layers.len() != count {
         return Err(format!(
@@ -757,6 +747,50 @@ fn receive_layers(channel: &OwnedFd, count: usize) -> Result<Vec<OwnedFd>, Strin
         ));
     }
     Ok(layers)
+}
+
+/// Receives one message of [`send_fds`]: its descriptors.
+fn receive_fds(channel: &OwnedFd, what: &str) -> Result<Vec<OwnedFd>, String> {
+    let mut space =
+        vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE))];
+    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    let got = rustix::net::recvmsg(
+        channel,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        rustix::net::RecvFlags::CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("{what}: {e}"))?;
+    if got.bytes == 0 {
+        return Err(format!("{what}: the launcher went away"));
+    }
+    // A truncated message lost descriptors.
+    if got.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        return Err(format!("{what}: the launcher's message was truncated"));
+    }
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
+        }
+    }
+    Ok(fds)
+}
+
+/// Tells the child its cgroup is ready, handing it the `tasks` files it
+/// moves itself in with on v1 (none on v2, where it was moved).
+fn send_cgroup_entry(channel: &UnixStream, files: &[OwnedFd]) -> Result<(), LaunchError> {
+    send_fds(channel, files, "move the sandbox init into its cgroup")
+}
+
+/// The init's side of [`send_cgroup_entry`]: waits for its cgroup and, on
+/// v1, moves itself into it (`0` is the calling thread).
+fn enter_cgroup(channel: &OwnedFd) -> Result<(), String> {
+    for tasks in receive_fds(channel, "wait for the cgroup")? {
+        rustix::io::write(&tasks, b"0").map_err(|e| format!("enter the cgroup: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Writes the one byte a waiting child reads as "go on".
@@ -784,7 +818,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), LaunchError> {
 /// Whether this process has one thread (what a launch that forks or
 /// unshares needs).
 pub fn single_threaded() -> bool {
-    fs::read_to_string("/proc/self/status")
+    crate::read_kernel_text("/proc/self/status")
         .map(|s| {
             s.lines()
                 .any(|l| l.split_whitespace().eq(["Threads:", "1"]))
@@ -1169,7 +1203,7 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
 
     // Only now, inside its cgroup, does the sandbox get its cgroup namespace
     // (rooted at that cgroup) and run anything of its own.
-    wait_for_launcher(&context.cgroup_read, "wait for the cgroup")?;
+    enter_cgroup(&context.cgroup_read)?;
     // SAFETY: unshare(2) only changes this process's namespace membership.
     step("unshare the cgroup namespace", unsafe {
         rustix::thread::unshare_unsafe(UnshareFlags::NEWCGROUP)

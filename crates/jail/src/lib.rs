@@ -21,3 +21,31 @@ pub mod runtime;
 pub mod seccomp;
 
 pub use launch::{Jail, LaunchError};
+
+use std::io::{self, Read};
+use std::path::Path;
+
+/// A small file of procfs, sysfs or cgroupfs as text, read in one go.
+///
+/// Such files report a size of 0, so `fs::read_to_string` sizes its buffer
+/// by probing (reads of 32, 32, 64, 128... bytes: eight system calls for a
+/// 1 KiB file, each a trap to the hypervisor on a virtual machine). This
+/// reads into 8 KiB at once: one read and the one that says the end.
+pub fn read_kernel_text(path: impl AsRef<Path>) -> io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut buffer = vec![0u8; 8192];
+    let mut len = 0;
+    loop {
+        if len == buffer.len() {
+            buffer.resize(len * 2, 0);
+        }
+        match file.read(&mut buffer[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buffer.truncate(len);
+    String::from_utf8(buffer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}

@@ -50,6 +50,9 @@ pub struct SlotRecord {
 pub struct Slot {
     pub number: u32,
     file: File,
+    /// Whether the file holds no record (so clearing it again is skipped:
+    /// a truncation is a journal transaction where /run is not a tmpfs).
+    cleared: bool,
 }
 
 impl Slot {
@@ -66,12 +69,25 @@ impl Slot {
             .set_len(0)
             .and_then(|()| self.file.rewind())
             .and_then(|()| self.file.write_all(&bytes))
-            .map_err(|e| RuntimeError::Record(self.number, e))
+            .map_err(|e| RuntimeError::Record(self.number, e))?;
+        self.cleared = false;
+        Ok(())
+    }
+
+    /// Clears the record and keeps the slot locked (its uid range stays
+    /// this launcher's). A launcher does it once its sandbox is killed:
+    /// if it dies after, what it leaves is a cgroup without a record, which
+    /// [`RuntimeDir::sweep`] removes once empty.
+    pub fn clear_record(&mut self) {
+        if !self.cleared {
+            let _ = self.file.set_len(0);
+            self.cleared = true;
+        }
     }
 
     /// Clears the record and unlocks the slot.
-    pub fn release(self) {
-        let _ = self.file.set_len(0);
+    pub fn release(mut self) {
+        self.clear_record();
     }
 }
 
@@ -174,7 +190,11 @@ impl RuntimeDir {
                 .open(&path)
                 .map_err(|e| RuntimeError::Dir(path.clone(), e))?;
             if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
-                let mut slot = Slot { number, file };
+                let mut slot = Slot {
+                    number,
+                    file,
+                    cleared: false,
+                };
                 if let Some(stale) = read_record(&mut slot.file) {
                     cleanup_stale(&stale);
                     let _ = slot.file.set_len(0);

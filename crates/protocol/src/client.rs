@@ -106,7 +106,18 @@ impl AgentClient {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
-        let (mut reader, mut writer) = tokio::io::split(stream);
+        let (reader, writer) = tokio::io::split(stream);
+        let mut client = AgentClient::start(reader, writer, first_id);
+        client.version = client.greet().await?;
+        Ok(client)
+    }
+
+    /// The client's two tasks on a split connection, before any greeting.
+    fn start<R, W>(mut reader: R, mut writer: W, first_id: u64) -> AgentClient
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (outbound, mut queue) = mpsc::channel::<Frame<Request>>(OUTBOUND_QUEUE);
         tokio::spawn(async move {
             while let Some(frame) = queue.recv().await {
@@ -146,15 +157,35 @@ impl AgentClient {
             router_closed.store(true, Ordering::SeqCst);
             router.lock().unwrap_or_else(|p| p.into_inner()).clear();
         });
-        let mut client = AgentClient {
+        AgentClient {
             outbound,
             routes,
             next_id: Arc::new(AtomicU64::new(first_id.max(1))),
             closed,
             version: 0,
-        };
-        client.version = client.greet().await?;
-        Ok(client)
+        }
+    }
+
+    /// [`AgentClient::connect`] and a first request, sent right behind the
+    /// greeting instead of after its answer: one round trip less on a path
+    /// that starts a sandbox to run one command. Only for an agent of this
+    /// very build (one the caller just launched from its own install),
+    /// which speaks [`Versions::OURS`]: the request is encoded for the
+    /// newest version before the agent has said which it speaks.
+    pub async fn connect_with<S>(
+        stream: S,
+        first_id: u64,
+        request: Request,
+    ) -> Result<(AgentClient, Events), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (reader, writer) = tokio::io::split(stream);
+        let mut client = AgentClient::start(reader, writer, first_id);
+        let greeting = client.send_hello().await?;
+        let events = client.request(request).await?;
+        client.version = client.chosen_version(greeting).await?;
+        Ok((client, events))
     }
 
     /// The protocol version both sides speak on this connection: gate
@@ -169,13 +200,26 @@ impl AgentClient {
     /// speak) but goes on serving; it is greeted again as hosts of version
     /// 1 greeted it.
     async fn greet(&self) -> Result<u32, ClientError> {
-        const FIRST: u32 = 1;
+        let greeting = self.send_hello().await?;
+        self.chosen_version(greeting).await
+    }
+
+    /// Sends the ranged greeting: every version this host speaks.
+    async fn send_hello(&self) -> Result<Events, ClientError> {
         let ours = Versions::OURS;
-        let ranged = Request::Hello {
+        self.request(Request::Hello {
             version: ours.newest,
             oldest: Some(ours.oldest),
-        };
-        let chosen = match self.request(ranged).await?.finish().await? {
+        })
+        .await
+    }
+
+    /// The version the agent chose in its answer to [`Self::send_hello`],
+    /// greeting an agent of version 1 again as it expects.
+    async fn chosen_version(&self, greeting: Events) -> Result<u32, ClientError> {
+        const FIRST: u32 = 1;
+        let ours = Versions::OURS;
+        let chosen = match greeting.finish().await? {
             Event::Hello { version, .. } => version,
             Event::Error {
                 kind: ErrorKind::UnsupportedVersion | ErrorKind::InvalidArgument,

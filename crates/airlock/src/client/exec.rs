@@ -197,7 +197,7 @@ impl Ending {
                 // The daemon's codes for "permission denied" and for "not
                 // executable" (or a directory): both "cannot execute".
                 "forbidden" | "bad_request" => 126,
-                _ => i32::from(crate::EXIT_INTERNAL),
+                _ => i32::from(airlock::EXIT_INTERNAL),
             },
         }
     }
@@ -327,7 +327,7 @@ fn exec_body(args: &ExecArgs, stdin: bool) -> Result<Value> {
 pub fn main(args: &ExecArgs) -> ExitCode {
     match run(args) {
         Ok(code) => code,
-        Err(error) => super::fail(&error, crate::EXIT_INTERNAL),
+        Err(error) => super::fail(&error, airlock::EXIT_INTERNAL),
     }
 }
 

@@ -169,7 +169,7 @@ fn fail(error: &anyhow::Error, code: u8) -> ExitCode {
     }
     eprintln!("airlock: error: {error:#}");
     match error.downcast_ref::<ClientError>() {
-        Some(ClientError::Usage(_)) => ExitCode::from(crate::EXIT_BAD_INPUT),
+        Some(ClientError::Usage(_)) => ExitCode::from(airlock::EXIT_BAD_INPUT),
         _ => ExitCode::from(code),
     }
 }

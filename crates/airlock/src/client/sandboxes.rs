@@ -12,7 +12,7 @@ use super::format::{
     parse_size_arg, parse_timeout_secs, percent_encode, relative, time_field, Table,
 };
 use super::http::{sandbox_path, Connection};
-use crate::net_args::NetArgs;
+use airlock::net_args::NetArgs;
 
 /// Options of `airlock create`. Unset options take the daemon's defaults.
 #[derive(Args)]
@@ -655,7 +655,7 @@ mod tests {
         };
         assert_eq!(
             with(NetArgs {
-                net: Some(crate::net_args::NetMode::Open),
+                net: Some(airlock::net_args::NetMode::Open),
                 allow: vec![],
             }),
             json!({"network": {"mode": "open"}})
@@ -792,7 +792,7 @@ mod tests {
         let args = NetworkArgs {
             id: "sbx-1".into(),
             net: NetArgs {
-                net: Some(crate::net_args::NetMode::Open),
+                net: Some(airlock::net_args::NetMode::Open),
                 allow: vec![],
             },
             json: true,

@@ -514,7 +514,7 @@ fn export(args: &BootstrapArgs) -> Result<ExitCode> {
         }
     };
     airlock_layers::bootstrap::export(&recipe, output, &args.name, &mut progress)
-        .map_err(|e| anyhow::anyhow!(crate::run::error_chain(&e)))?;
+        .map_err(|e| anyhow::anyhow!(airlock::error_chain(&e)))?;
     bar.finish_and_clear();
     if json {
         println!("{}", serde_json::json!({"type": "done", "archive": output}));
