@@ -28,7 +28,10 @@
 //!   more than [`SLOTS_KEPT_FREE`] create slots are free
 //!   ([`airlock_core::Admission::try_admit_idle`]), so it never delays a
 //!   create; members count against the live caps like any sandbox (and
-//!   the per-key cap bounds all pools' members together).
+//!   the per-key cap bounds all pools' members together). After a claim,
+//!   a pool that still has ready members waits [`CLAIM_GRACE`] before it
+//!   starts a replacement, so the claimer's first exec does not share the
+//!   cores with a launch.
 //! - **Restart:** members are recorded as being created, so a restarted
 //!   daemon's reconciliation tears them down like any unfinished create;
 //!   the pools then refill from their records.
@@ -49,6 +52,11 @@ use crate::{Daemon, DaemonError};
 /// How often the pools are looked over (a claim or a change wakes them
 /// sooner).
 const POOL_TICK: Duration = Duration::from_millis(250);
+/// How long a pool that still has ready members waits after a claim
+/// before it starts a replacement: the claimer's first calls (an exec
+/// follows a create within milliseconds) run without a launch beside them
+/// on the same cores. A pool a claim emptied refills at once.
+const CLAIM_GRACE: Duration = Duration::from_millis(30);
 /// How long a pool goes without a miss before its target drops by one.
 pub const SHRINK_AFTER: Duration = Duration::from_secs(30);
 /// Create slots a refill leaves free for callers.
@@ -178,6 +186,8 @@ struct Pool {
     failed: u64,
     last_error: Option<String>,
     retry_at: Option<Instant>,
+    /// When a member was last claimed (see [`CLAIM_GRACE`]).
+    last_claim: Option<Instant>,
 }
 
 impl Pool {
@@ -195,6 +205,7 @@ impl Pool {
             failed: 0,
             last_error: None,
             retry_at: None,
+            last_claim: None,
         }
     }
 
@@ -281,6 +292,7 @@ impl Pools {
             if let Some(at) = pool.ready.iter().position(|m| m.class == class) {
                 let member = pool.ready.remove(at);
                 pool.claims += 1;
+                pool.last_claim = Some(Instant::now());
                 metrics
                     .pool_claims
                     .get_or_create(&crate::metrics::PoolLabel {
@@ -563,17 +575,23 @@ impl Daemon {
     /// Keeps the pools filled (spawn it once, after reconciliation).
     pub async fn run_pools(self) {
         loop {
-            if let Err(e) = self.tend_pools() {
-                tracing::warn!("warm pools: {e}");
-            }
-            let _ = tokio::time::timeout(POOL_TICK, self.inner.pools.wake.notified()).await;
+            let next = match self.tend_pools() {
+                Ok(next) => next,
+                Err(e) => {
+                    tracing::warn!("warm pools: {e}");
+                    POOL_TICK
+                }
+            };
+            let _ = tokio::time::timeout(next, self.inner.pools.wake.notified()).await;
         }
     }
 
     /// One look over the pools: members of a stale class or beyond `max`
     /// and dead ones go, targets shrink after quiet spells, and members
-    /// start where a pool is short.
-    fn tend_pools(&self) -> Result<(), DaemonError> {
+    /// start where a pool is short. Returns when to look again (sooner
+    /// than [`POOL_TICK`] when a claim's grace ends first).
+    fn tend_pools(&self) -> Result<Duration, DaemonError> {
+        let mut next = POOL_TICK;
         self.sync_pools()?;
         let names: Vec<(String, PoolRow)> = self
             .inner
@@ -628,6 +646,14 @@ impl Daemon {
                 {
                     continue;
                 }
+                if let Some(grace) = pool
+                    .last_claim
+                    .and_then(|at| CLAIM_GRACE.checked_sub(at.elapsed()))
+                    .filter(|_| !pool.ready.is_empty())
+                {
+                    next = next.min(grace);
+                    continue;
+                }
                 let held = pool.ready.len() as u32 + pool.starting;
                 let want = pool
                     .target
@@ -652,7 +678,7 @@ impl Daemon {
                 self.spawn_counted(async move { daemon.start_member(name, request, permit).await });
             }
         }
-        Ok(())
+        Ok(next)
     }
 
     /// Starts one member of pool `name` and puts it with the ready ones.
