@@ -463,6 +463,7 @@ def test_implicit_session_keeps_cwd_and_env(thread):
 
 @pytest.mark.deadline(60)
 def test_hard_timeout_kills_the_command(thread):
+    thread.sh("mkdir -p /tmp/stays && cd /tmp/stays")
     started = time.monotonic()
     result = thread.sh("sleep 37", hard_timeout=2)
     assert result.status == "hard_timeout"
@@ -473,6 +474,8 @@ def test_hard_timeout_kills_the_command(thread):
         assert time.monotonic() < deadline, "sleep 37 survived its hard timeout"
         time.sleep(0.5)
     assert thread.out("echo after") == "after"
+    # The fresh shell starts where the last finished command left.
+    assert thread.out("pwd") == "/tmp/stays"
 
 
 @pytest.mark.deadline(60)

@@ -11,7 +11,9 @@
 //! still running when `no_change_timeout` passes keeps running; the next
 //! call on the session first waits for its end. A `hard_timeout` kills the
 //! session's shell and everything it started (its process group), and the
-//! session starts afresh on its next command.
+//! session starts afresh on its next command, in the working directory
+//! its last finished command left (its exported variables are lost: the
+//! command ran in the shell itself, so only the shell's death stops it).
 
 use crate::Api;
 use airlock_daemon::exec::{Attached, Output};
@@ -440,12 +442,14 @@ impl Session {
             }
         };
         if ended == Ended::Deadline {
-            // Killed with what it started; the next command starts afresh.
+            // Killed with what it started; the next command starts afresh,
+            // in the directory the last finished command left.
             if let Some(pid) = io.pid.take() {
                 let _ = api.daemon.signal(sandbox, pid, 9).await;
             }
             io.attached = None;
             io.pending = None;
+            io.start_dir = Some(self.working_dir());
         }
         let mut output = String::from_utf8_lossy(&kept).into_owned();
         if dropped {
