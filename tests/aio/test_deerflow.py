@@ -668,6 +668,36 @@ def test_write_file(thread):
     assert sbx.file.read_file(file=path).data.content == "short"
 
 
+def test_replace_and_search_in_file(thread):
+    """The AIO client's edit tools: replace every occurrence (the count
+    returned, the file written back), and search by regex (matching lines,
+    1-based numbers); a missing file and a bad regex are errors."""
+    sbx = thread.client
+    path = f"{WORKSPACE}/edit.py"
+    sbx.file.write_file(file=path, content="x = 1\nprint(x)\ny = x + x\n")
+    replaced = sbx.file.replace_in_file(file=path, old_str="x", new_str="value").data
+    assert replaced.file == path
+    assert replaced.replaced_count == 4
+    assert (thread.host / "workspace" / "edit.py").read_text() == (
+        "value = 1\nprint(value)\ny = value + value\n"
+    )
+    # Nothing to replace: nothing changes.
+    none = sbx.file.replace_in_file(file=path, old_str="absent", new_str="z").data
+    assert none.replaced_count == 0
+    found = sbx.file.search_in_file(file=path, regex=r"value\b.*\+").data
+    assert found.matches == ["y = value + value"]
+    assert found.line_numbers == [3]
+    found = sbx.file.search_in_file(file=path, regex="^(value|print)").data
+    assert found.line_numbers == [1, 2]
+    api_error(sbx.file.replace_in_file, file=f"{WORKSPACE}/missing.py", old_str="a", new_str="b")
+    api_error(sbx.file.replace_in_file, file=path, old_str="", new_str="b")
+    api_error(sbx.file.search_in_file, file=path, regex="(unclosed")
+    # The read-only skills stay as they are.
+    skill = "/mnt/skills/public/deep-research/SKILL.md"
+    api_error(sbx.file.replace_in_file, file=skill, old_str=PUBLIC_SKILL_TEXT[:4], new_str="pwned")
+    assert sbx.file.read_file(file=skill).data.content == PUBLIC_SKILL_TEXT
+
+
 def test_update_file_base64(thread):
     """DeerFlow's update_file (uploads and artifacts in remote mode): the
     bytes as base64."""

@@ -76,6 +76,47 @@ test('files.write and files.read', { timeout: 60_000 }, async () => {
   assert.equal((await sbx.commands.run('cat /home/user/js.txt')).stdout, 'from js\n')
 })
 
+// The sandbox reports envd 0.6.4: metadata (0.6.2) and entries in watch
+// events (0.6.3) are sent. gVisor's gofer keeps no user extended
+// attributes, so there a write with metadata is refused.
+test('files: metadata and watch entries', { timeout: 60_000 }, async () => {
+  const sbx = await make()
+  const onGvisor = process.env.AIRLOCK_TEST_TIER === 'gvisor'
+  await sbx.files.makeDir('/home/user/jw')
+  const events = []
+  const handle = await sbx.files.watchDir('/home/user/jw', (event) => events.push(event), {
+    includeEntry: true,
+    allowNetworkMounts: true,
+  })
+  try {
+    if (onGvisor) {
+      await assert.rejects(sbx.files.write('/home/user/jw/m.txt', 'x', { metadata: { by: 'js' } }), /extended attributes/)
+      await sbx.files.write('/home/user/jw/m.txt', 'tagged')
+    } else {
+      const info = await sbx.files.write('/home/user/jw/m.txt', 'tagged', { metadata: { By: 'js' } })
+      assert.deepEqual(info.metadata, { by: 'js' })
+      assert.deepEqual((await sbx.files.getInfo('/home/user/jw/m.txt')).metadata, { by: 'js' })
+      const moved = await sbx.files.rename('/home/user/jw/m.txt', '/home/user/jw/n.txt')
+      assert.deepEqual(moved.metadata, { by: 'js' })
+      const plain = await sbx.files.write('/home/user/jw/n.txt', 'plain')
+      assert.equal(plain.metadata, undefined)
+      assert.equal((await sbx.files.getInfo('/home/user/jw/n.txt')).metadata, undefined)
+    }
+    const deadline = Date.now() + 10_000
+    const written = () => events.filter((e) => e.name === 'm.txt' && e.type === 'write' && e.entry)
+    while (written().length === 0) {
+      assert.ok(Date.now() < deadline, `no write of m.txt with an entry: ${JSON.stringify(events)}`)
+      await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+    assert.equal(written()[0].entry.path, '/home/user/jw/m.txt')
+    for (const event of events) {
+      if (event.type === 'remove' || event.type === 'rename') assert.equal(event.entry, undefined)
+    }
+  } finally {
+    await handle.stop()
+  }
+})
+
 test('pty: create, sendInput, resize, exit', { timeout: 60_000 }, async () => {
   const sbx = await make()
   const decoder = new TextDecoder()

@@ -185,3 +185,49 @@ def test_kill_mid_command_ends_with_an_error(make_async_sandbox):
         await killer
 
     run(body())
+
+
+def _async_watch_has(parameter):
+    import inspect
+
+    from e2b.sandbox_async.filesystem.filesystem import Filesystem
+
+    return parameter in inspect.signature(Filesystem.watch_dir).parameters
+
+
+@pytest.mark.skipif(not _async_watch_has("include_entry"), reason="this SDK release has no entries in watch events")
+@pytest.mark.deadline(60)
+def test_streamed_watch_events_carry_entries_with_metadata(make_async_sandbox):
+    import os
+
+    on_gvisor = os.environ.get("AIRLOCK_TEST_TIER") == "gvisor"
+
+    async def body():
+        sbx = await make_async_sandbox()
+        await sbx.files.make_dir("/home/user/aw")
+        events = []
+        handle = await sbx.files.watch_dir(
+            "/home/user/aw", on_event=events.append, include_entry=True, allow_network_mounts=True
+        )
+        try:
+            metadata = None if on_gvisor else {"by": "async"}
+            info = await sbx.files.write("/home/user/aw/n.txt", "12345", metadata=metadata)
+            assert info.metadata == metadata
+            await sbx.commands.run("rm /home/user/aw/n.txt")
+
+            def seen(kind):
+                return [e for e in events if e.name == "n.txt" and e.type == kind]
+
+            for _ in range(50):
+                if seen(FilesystemEventType.WRITE) and seen(FilesystemEventType.REMOVE):
+                    break
+                await asyncio.sleep(0.2)
+            writes = seen(FilesystemEventType.WRITE)
+            assert any(e.entry is not None and e.entry.name == "n.txt" for e in writes), events
+            if metadata:
+                assert any(e.entry is not None and e.entry.metadata == metadata for e in writes), events
+            assert seen(FilesystemEventType.REMOVE) and all(e.entry is None for e in seen(FilesystemEventType.REMOVE))
+        finally:
+            await handle.stop()
+
+    run(body())

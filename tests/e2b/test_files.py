@@ -1,12 +1,29 @@
 """files: write/read (text, bytes), write_files, list with depth, exists,
-get_info, make_dir, rename, remove, watch_dir, signed upload/download URLs."""
+get_info, make_dir, rename, remove, watch_dir, signed upload/download URLs;
+and, in SDK releases that have them (the sandbox reports envd 0.6.4), file
+metadata, entries in watch events and watches that allow network mounts."""
 
+import inspect
+import os
 import time
 import urllib.request
 
 import pytest
 
-from e2b import FileType, FilesystemEventType, NotFoundException
+from e2b import FileType, FilesystemEventType, NotFoundException, SandboxException
+from e2b.sandbox_sync.filesystem.filesystem import Filesystem
+
+# gVisor's gofer keeps no user extended attributes, so no file metadata.
+ON_GVISOR = os.environ.get("AIRLOCK_TEST_TIER") == "gvisor"
+
+needs_metadata = pytest.mark.skipif(
+    "metadata" not in inspect.signature(Filesystem.write).parameters,
+    reason="this SDK release has no file metadata",
+)
+needs_entries = pytest.mark.skipif(
+    "include_entry" not in inspect.signature(Filesystem.watch_dir).parameters,
+    reason="this SDK release has no entries in watch events",
+)
 
 
 def test_write_read_text(sandbox):
@@ -241,3 +258,115 @@ def test_signed_urls_work_with_nothing_but_the_url(sandbox):
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 200
     assert sandbox.files.read("/home/user/bare-up.txt") == "bare upload"
+
+
+@needs_metadata
+def test_metadata_is_kept_shown_replaced_and_renamed_with_the_file(sandbox):
+    meta = {"author": "airlock", "Purpose": "a test"}
+    if ON_GVISOR:
+        # gVisor's gofer keeps no user extended attributes: refused, and
+        # the file is not written.
+        with pytest.raises(SandboxException, match="extended attributes"):
+            sandbox.files.write("/home/user/meta.txt", "tagged", metadata=meta)
+        assert not sandbox.files.exists("/home/user/meta.txt")
+        return
+    # Keys are lowercased by the sandbox, as envd does.
+    expected = {"author": "airlock", "purpose": "a test"}
+    info = sandbox.files.write("/home/user/meta.txt", "tagged", metadata=meta)
+    assert info.metadata == expected
+    assert sandbox.files.get_info("/home/user/meta.txt").metadata == expected
+    listed = {e.name: e for e in sandbox.files.list("/home/user")}
+    assert listed["meta.txt"].metadata == expected
+    assert listed.get("hello.txt") is None or listed["hello.txt"].metadata is None
+    # Kept where envd keeps it: user.e2b.* extended attributes.
+    out = sandbox.commands.run(
+        "python3 -c 'import os; print(os.getxattr(\"/home/user/meta.txt\", \"user.e2b.author\").decode())'"
+    ).stdout
+    assert out == "airlock\n"
+
+    # A rename keeps it.
+    renamed = sandbox.files.rename("/home/user/meta.txt", "/home/user/moved.txt")
+    assert renamed.metadata == expected
+    assert sandbox.files.get_info("/home/user/moved.txt").metadata == expected
+    # An overwrite replaces the whole set; one without metadata clears it.
+    again = sandbox.files.write("/home/user/moved.txt", "again", metadata={"only": "1"})
+    assert again.metadata == {"only": "1"}
+    assert sandbox.files.get_info("/home/user/moved.txt").metadata == {"only": "1"}
+    plain = sandbox.files.write("/home/user/moved.txt", "plain")
+    assert plain.metadata is None
+    assert sandbox.files.get_info("/home/user/moved.txt").metadata is None
+    assert sandbox.files.read("/home/user/moved.txt") == "plain"
+
+    # One map for every file of a write_files, multipart or octet-stream.
+    for octet in (False, True):
+        infos = sandbox.files.write_files(
+            [
+                {"path": f"/home/user/many{octet}/a.txt", "data": "a"},
+                {"path": f"/home/user/many{octet}/b.txt", "data": "b"},
+            ],
+            metadata={"batch": "yes"},
+            use_octet_stream=octet,
+        )
+        assert [i.metadata for i in infos] == [{"batch": "yes"}] * 2
+        for entry in sandbox.files.list(f"/home/user/many{octet}"):
+            assert entry.metadata == {"batch": "yes"}, entry
+
+
+def _entries_for(events, name):
+    return [e for e in events if e.name == name]
+
+
+@needs_entries
+@pytest.mark.deadline(60)
+def test_watch_events_carry_entries_when_asked(sandbox):
+    sandbox.files.make_dir("/home/user/we")
+    handle = sandbox.files.watch_dir("/home/user/we", include_entry=True)
+    try:
+        sandbox.commands.run("printf 12345 > /home/user/we/kept.txt")
+        sandbox.commands.run("touch /home/user/we/gone.txt && rm /home/user/we/gone.txt")
+        events = _watch_for(handle, "gone.txt", {FilesystemEventType.REMOVE})
+        events += _watch_for(handle, "kept.txt", {FilesystemEventType.CREATE}, seconds=2)
+        kept = _entries_for(events, "kept.txt")
+        assert any(
+            e.entry is not None and e.entry.path == "/home/user/we/kept.txt" and e.entry.type == FileType.FILE
+            for e in kept
+        ), events
+        for event in events:
+            if event.type in (FilesystemEventType.REMOVE, FilesystemEventType.RENAME):
+                assert event.entry is None, event
+    finally:
+        handle.stop()
+    # Without include_entry, none.
+    handle = sandbox.files.watch_dir("/home/user/we")
+    try:
+        sandbox.commands.run("touch /home/user/we/bare.txt")
+        events = _watch_for(handle, "bare.txt", {FilesystemEventType.CREATE})
+        assert _entries_for(events, "bare.txt") and all(e.entry is None for e in events), events
+    finally:
+        handle.stop()
+
+
+@needs_entries
+@pytest.mark.deadline(60)
+def test_watch_entries_show_metadata_and_mounts_may_be_watched(sandbox):
+    # Nothing in a sandbox is a network mount; allowing them changes nothing.
+    # (`sub` exists before the watch, so every change in it is seen.)
+    sandbox.files.make_dir("/mnt/user-data/workspace/wm/sub")
+    handle = sandbox.files.watch_dir(
+        "/mnt/user-data/workspace/wm", include_entry=True, allow_network_mounts=True, recursive=True
+    )
+    try:
+        if ON_GVISOR:
+            sandbox.files.write("/mnt/user-data/workspace/wm/sub/t.txt", "x")
+        else:
+            sandbox.files.write("/mnt/user-data/workspace/wm/sub/t.txt", "x", metadata={"k": "v"})
+        events = _watch_for(handle, "sub/t.txt", {FilesystemEventType.CREATE, FilesystemEventType.WRITE})
+        entries = [e.entry for e in events if e.name == "sub/t.txt" and e.entry is not None]
+        assert entries, events
+        assert all(e.path == "/mnt/user-data/workspace/wm/sub/t.txt" for e in entries)
+        if not ON_GVISOR:
+            # The attributes are set before the content is written.
+            writes = [e for e in events if e.name == "sub/t.txt" and e.type == FilesystemEventType.WRITE]
+            assert any(e.entry is not None and e.entry.metadata == {"k": "v"} for e in writes), events
+    finally:
+        handle.stop()

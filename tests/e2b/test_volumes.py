@@ -76,3 +76,41 @@ def test_files_written_in_one_sandbox_are_read_in_the_next_and_from_the_host(
     vol.remove("/a")
     assert not vol.exists("/a/b/c.txt")
     assert second.commands.run("ls /mnt/data").stdout.split() == ["hello.txt", "passwd"]
+
+
+@pytest.mark.deadline(60)
+def test_a_mounted_volume_is_watched_with_entries(volume, make_sandbox):
+    """A volume is a bind mount of a local directory (no network mount, as
+    e2b's NFS volumes are): watched like any directory, entries and all,
+    with or without allow_network_mounts; what the host writes into it is
+    seen too, except on gVisor, whose kernel sees only its own changes."""
+    import os
+    import time
+
+    from e2b import FilesystemEventType
+
+    sbx = make_sandbox(template="base", volume_mounts={"/mnt/vol": volume})
+    vol = Volume.connect(volume.volume_id)
+    for allow in (False, True):
+        handle = sbx.files.watch_dir("/mnt/vol", include_entry=True, allow_network_mounts=allow)
+        try:
+            sbx.commands.run(f"echo in > /mnt/vol/inside-{allow}.txt")
+            vol.write_file(f"/host-{allow}.txt", "from the host")
+            wanted = {f"inside-{allow}.txt"}
+            if os.environ.get("AIRLOCK_TEST_TIER") != "gvisor":
+                wanted.add(f"host-{allow}.txt")
+            events = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                events.extend(handle.get_new_events())
+                created = {
+                    e.name
+                    for e in events
+                    if e.type == FilesystemEventType.CREATE and e.entry is not None and e.entry.name == e.name
+                }
+                if wanted <= created:
+                    break
+                time.sleep(0.2)
+            assert wanted <= created, events
+        finally:
+            handle.stop()

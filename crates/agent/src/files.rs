@@ -14,7 +14,8 @@ use crate::failure::Failure;
 use crate::outbox::Outbox;
 use crate::privileges::USER_ID;
 use crate::process::join_path;
-use airlock_protocol::{ErrorKind, Event, FileInfo, FileKind, Identity};
+use airlock_protocol::{ErrorKind, Event, FileInfo, FileKind, Identity, Xattrs};
+use std::collections::BTreeMap;
 use std::fs::{self, DirBuilder, File, Metadata, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -24,6 +25,9 @@ use tokio::sync::mpsc;
 
 mod extract;
 mod listing;
+mod xattrs;
+
+pub(crate) use xattrs::check_prefix as check_xattr_prefix;
 
 /// Largest `file_data` payload.
 pub(crate) const READ_CHUNK: usize = 1 << 20;
@@ -57,6 +61,7 @@ pub(crate) struct WriteTarget {
     create_parents: bool,
     append: bool,
     chown: bool,
+    xattrs: Option<Xattrs>,
 }
 
 /// Runs `work` on the blocking pool.
@@ -110,7 +115,19 @@ fn file_info(path: &Path, meta: &Metadata) -> FileInfo {
             .saturating_mul(1_000_000_000)
             .saturating_add(meta.mtime_nsec()),
         symlink_target,
+        xattrs: BTreeMap::new(),
     }
+}
+
+/// What `stat` reports of `path` (an `lstat`), with its extended
+/// attributes under `xattrs` when that names a prefix. Blocking.
+pub(crate) fn info_of(path: &Path, xattrs: Option<&str>) -> io::Result<FileInfo> {
+    let meta = fs::symlink_metadata(path)?;
+    let mut info = file_info(path, &meta);
+    if let Some(prefix) = xattrs {
+        info.xattrs = xattrs::read(path, prefix);
+    }
+    Ok(info)
 }
 
 /// Creates the missing ancestors of `dir` with [`DIR_MODE`]; appends the
@@ -154,10 +171,10 @@ fn chown_dirs(dirs: &[PathBuf]) -> Result<(), Failure> {
 /// Opens (creating, truncating or appending) the target of a write.
 fn open_for_write(target: &WriteTarget) -> Result<File, Failure> {
     let shown = target.path.display();
-    let mut created = Vec::new();
+    let mut created_dirs = Vec::new();
     if target.create_parents {
         if let Some(parent) = target.path.parent() {
-            create_missing_dirs(parent, &mut created).map_err(|error| {
+            create_missing_dirs(parent, &mut created_dirs).map_err(|error| {
                 Failure::io(format!("cannot create the parents of {shown}"), &error)
             })?;
         }
@@ -165,17 +182,32 @@ fn open_for_write(target: &WriteTarget) -> Result<File, Failure> {
     let mut options = OpenOptions::new();
     options
         .write(true)
-        .create(true)
         .mode(target.mode.unwrap_or(FILE_MODE) & 0o7777)
         .custom_flags(libc::O_NONBLOCK);
     if target.append {
         options.append(true);
-    } else {
-        options.truncate(true);
     }
-    let file = options
-        .open(&target.path)
-        .map_err(|error| Failure::io(format!("cannot open {shown} for writing"), &error))?;
+    let cannot_open =
+        |error: io::Error| Failure::io(format!("cannot open {shown} for writing"), &error);
+    // With attributes to set (or clear), the file is truncated only once
+    // they are, so a write they fail leaves it as it was; one it created
+    // is removed, which needs to know whether it did.
+    let (file, created) = if target.xattrs.is_some() {
+        match options.clone().create_new(true).open(&target.path) {
+            Ok(file) => (file, true),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => (
+                options
+                    .create(true)
+                    .open(&target.path)
+                    .map_err(cannot_open)?,
+                false,
+            ),
+            Err(error) => return Err(cannot_open(error)),
+        }
+    } else {
+        options.create(true).truncate(!target.append);
+        (options.open(&target.path).map_err(cannot_open)?, false)
+    };
     let meta = file
         .metadata()
         .map_err(|error| Failure::io(format!("cannot inspect {shown}"), &error))?;
@@ -189,7 +221,22 @@ fn open_for_write(target: &WriteTarget) -> Result<File, Failure> {
     if target.chown {
         std::os::unix::fs::fchown(&file, Some(USER_ID), Some(USER_ID))
             .map_err(|error| Failure::io(format!("cannot chown {shown}"), &error))?;
-        chown_dirs(&created)?;
+        chown_dirs(&created_dirs)?;
+    }
+    if let Some(set) = &target.xattrs {
+        if let Err(failure) = xattrs::replace(&file, set, &shown.to_string()) {
+            if created {
+                let _ = fs::remove_file(&target.path);
+                for dir in created_dirs.iter().rev() {
+                    let _ = fs::remove_dir(dir);
+                }
+            }
+            return Err(failure);
+        }
+        if !target.append {
+            file.set_len(0)
+                .map_err(|error| Failure::io(format!("cannot truncate {shown}"), &error))?;
+        }
     }
     Ok(file)
 }
@@ -306,13 +353,16 @@ impl Files {
         self.drop_privileges && owner == Identity::User
     }
 
-    /// Handles `stat` (an `lstat`).
-    pub(crate) async fn stat(&self, path: &str) -> Result<Event, Failure> {
+    /// Handles `stat` (an `lstat`), with the attributes under `xattrs`.
+    pub(crate) async fn stat(&self, path: &str, xattrs: Option<String>) -> Result<Event, Failure> {
         let path = self.resolve(path)?;
+        if let Some(prefix) = &xattrs {
+            xattrs::check_prefix(prefix)?;
+        }
         blocking(move || {
-            let meta = fs::symlink_metadata(&path)
-                .map_err(|error| Failure::io(format!("cannot stat {}", path.display()), &error))?;
-            Ok(Event::Stat(file_info(&path, &meta)))
+            info_of(&path, xattrs.as_deref())
+                .map(Event::Stat)
+                .map_err(|error| Failure::io(format!("cannot stat {}", path.display()), &error))
         })
         .await
     }
@@ -351,7 +401,8 @@ impl Files {
     }
 
     /// Handles `list_dir_stream`: sends `entries_chunk`s on `id` and
-    /// returns the final `entries_end`. Each chunk is walked on its own
+    /// returns the final `entries_end`. Entries report their attributes
+    /// under `xattrs`. Each chunk is walked on its own
     /// blocking call, and the next only once the chunk is queued, so the
     /// agent holds one chunk however large the tree.
     pub(crate) async fn list_dir_stream(
@@ -361,10 +412,17 @@ impl Files {
         path: &str,
         depth: u32,
         limit: u64,
+        xattrs: Option<String>,
     ) -> Result<Event, Failure> {
         listing::check_depth(depth)?;
+        if let Some(prefix) = &xattrs {
+            xattrs::check_prefix(prefix)?;
+        }
         let path = self.resolve(path)?;
-        let mut walk = blocking(move || listing::Walk::start(&path, depth)).await?;
+        let mut walk = blocking(move || {
+            listing::Walk::start(&path, depth).map(|walk| walk.reporting_xattrs(xattrs))
+        })
+        .await?;
         let mut count: u64 = 0;
         loop {
             let allowed = limit - count;
@@ -481,7 +539,8 @@ impl Files {
         Ok(Event::FileEnd { bytes: total })
     }
 
-    /// Resolves the target of `write_file`.
+    /// Resolves the target of `write_file` (and checks the attributes it
+    /// is to leave).
     pub(crate) fn write_target(
         &self,
         path: &str,
@@ -489,13 +548,18 @@ impl Files {
         create_parents: bool,
         append: bool,
         owner: Identity,
+        xattrs: Option<Xattrs>,
     ) -> Result<WriteTarget, Failure> {
+        if let Some(set) = &xattrs {
+            xattrs::check(set)?;
+        }
         Ok(WriteTarget {
             path: self.resolve(path)?,
             mode,
             create_parents,
             append,
             chown: self.chown_for(owner),
+            xattrs,
         })
     }
 

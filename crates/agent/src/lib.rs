@@ -34,6 +34,16 @@
 //!   moving the watched directory itself sends `remove`/`rename` of it and
 //!   ends the watch with `not_found`; a kernel queue overflow ends it with
 //!   `io`. `cancel`'s `done` follows the cancelled watch's final `done`.
+//! - Extended attributes (protocol version 4) are only ever `user.*` ones
+//!   under the prefix a request names. A `write_file` with some sets (or
+//!   clears) them before truncating or writing, so one the filesystem
+//!   refuses (`unsupported`, e.g. gVisor's gofer, which has none to
+//!   clear) leaves the file as it was. Reads skip
+//!   names or values that are not UTF-8 and stop at `MAX_XATTR_BYTES` per
+//!   entry; a listing asks each filesystem once whether it has any.
+//! - A watch asked for `entries` stats (and reads the attributes of) what
+//!   each `create`, `write` and `chmod` names when it sends the event, so
+//!   an entry shows the file as it is then, not as it was at the change.
 //! - Closing the stream kills every process group the agent started and
 //!   reaps them before [`serve`] returns; open watches end without a final
 //!   event and their inotify descriptors are closed.

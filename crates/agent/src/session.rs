@@ -7,11 +7,11 @@
 //! the backpressure the host sees.
 
 use crate::failure::Failure;
-use crate::files::{Files, WriteMsg};
+use crate::files::{Files, WriteMsg, WriteTarget};
 use crate::outbox::{self, Outbox};
 use crate::process::{Processes, WaitOutcome};
 use crate::reaper::{self, Reaper};
-use crate::watch::Watches;
+use crate::watch::{WatchOptions, Watches};
 use crate::{AgentConfig, AgentError};
 use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, Versions};
 use std::collections::HashMap;
@@ -261,9 +261,12 @@ impl Session {
                 create_parents,
                 append,
                 owner,
+                xattrs,
             } => {
-                self.open_write(id, &path, mode, create_parents, append, owner)
-                    .await
+                let target =
+                    self.files
+                        .write_target(&path, mode, create_parents, append, owner, xattrs);
+                self.open_write(id, target).await
             }
             Request::Extract { dir } => self.open_extract(id, &dir).await,
             Request::WriteData => match self.writes.get(&id) {
@@ -281,8 +284,11 @@ impl Session {
                 Some(WriteSlot::Refused) => {}
                 None => self.no_write(id).await,
             },
-            Request::Stat { path } => {
-                self.file_task(id, move |files| async move { files.stat(&path).await })
+            Request::Stat { path, xattrs } => {
+                self.file_task(
+                    id,
+                    move |files| async move { files.stat(&path, xattrs).await },
+                )
             }
             Request::ListDir { path, depth } => self.file_task(id, move |files| async move {
                 files.list_dir(&path, depth).await
@@ -295,11 +301,16 @@ impl Session {
             } => self.file_task(id, move |files| async move {
                 files.list_dir_page(&path, depth, after, limit).await
             }),
-            Request::ListDirStream { path, depth, limit } => {
+            Request::ListDirStream {
+                path,
+                depth,
+                limit,
+                xattrs,
+            } => {
                 let (files, outbox) = (self.files.clone(), self.outbox.clone());
                 tokio::spawn(async move {
                     let answer = files
-                        .list_dir_stream(&outbox, id, &path, depth, limit)
+                        .list_dir_stream(&outbox, id, &path, depth, limit, xattrs)
                         .await;
                     outbox.answer(id, answer).await;
                 });
@@ -322,7 +333,20 @@ impl Session {
                 )
             }
             // Waits until the watch is in place, so requests after it see it.
-            Request::Watch { path, recursive } => self.watches.start(id, &path, recursive).await,
+            Request::Watch {
+                path,
+                recursive,
+                entries,
+                xattrs,
+                local_only,
+            } => {
+                let options = WatchOptions {
+                    recursive,
+                    entries: entries.then_some(xattrs),
+                    local_only,
+                };
+                self.watches.start(id, &path, options).await
+            }
             Request::Cancel { target } => self.watches.cancel(id, target).await,
         }
     }
@@ -340,15 +364,7 @@ impl Session {
         });
     }
 
-    async fn open_write(
-        &mut self,
-        id: u64,
-        path: &str,
-        mode: Option<u32>,
-        create_parents: bool,
-        append: bool,
-        owner: airlock_protocol::Identity,
-    ) {
+    async fn open_write(&mut self, id: u64, target: Result<WriteTarget, Failure>) {
         if self.writes.contains_key(&id) {
             self.outbox
                 .fail(
@@ -358,10 +374,7 @@ impl Session {
                 .await;
             return;
         }
-        match self
-            .files
-            .write_target(path, mode, create_parents, append, owner)
-        {
+        match target {
             Ok(target) => {
                 let tx = self.files.start_write(self.outbox.clone(), id, target);
                 self.writes.insert(id, WriteSlot::Open(tx));

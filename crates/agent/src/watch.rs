@@ -31,12 +31,19 @@
 //! Events a subdirectory's own watch reports about itself (`IN_ATTRIB`,
 //! `IN_DELETE_SELF`, `IN_MOVE_SELF` without a name) are skipped: its parent's
 //! watch reports the same change with the name.
+//!
+//! A watch asked for entries stats what a `create`, `write` or `chmod` is
+//! about as it sends the event (on the blocking pool, like any stat); one
+//! gone by then goes without. A `local_only` watch refuses a directory on
+//! a network filesystem (by its `statfs` type), whose changes made
+//! elsewhere inotify never sees; every other mount (a bind mount, a
+//! volume, tmpfs, overlayfs, gVisor's gofer) is watched like the root.
 
 use crate::failure::Failure;
-use crate::files::{blocking, lossy, Files};
+use crate::files::{blocking, check_xattr_prefix, info_of, lossy, Files};
 use crate::locked;
 use crate::outbox::Outbox;
-use airlock_protocol::{ErrorKind, Event, FsEventKind};
+use airlock_protocol::{ErrorKind, Event, FileInfo, FsEventKind};
 use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::io::Errno;
@@ -80,6 +87,22 @@ fn watch_flags() -> WatchFlags {
         | WatchFlags::EXCL_UNLINK
 }
 
+/// `statfs` types of network filesystems (`linux/magic.h`): NFS, CIFS,
+/// SMB, SMB2 and FUSE, as envd tells them apart.
+const NETWORK_FILESYSTEMS: [i64; 5] = [0x6969, 0xFF53_4D42, 0x517B, 0xFE53_4D42, 0x6573_5546];
+
+/// What a `watch` asked for beyond the directory.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WatchOptions {
+    /// Watch the directories below it too.
+    pub(crate) recursive: bool,
+    /// Attach entries to `create`, `write` and `chmod` events, reporting
+    /// the extended attributes under this prefix (when there is one).
+    pub(crate) entries: Option<Option<String>>,
+    /// Refuse a directory on a network filesystem.
+    pub(crate) local_only: bool,
+}
+
 /// Sends the ack of a cancel once the cancelled watch's final event is queued
 /// (by sending or dropping it).
 type Ack = oneshot::Sender<()>;
@@ -117,6 +140,8 @@ struct Tree {
     root: PathBuf,
     root_wd: i32,
     recursive: bool,
+    /// Whether events carry entries, and their attributes' prefix.
+    entries: Option<Option<String>>,
     /// Watch descriptor → absolute path of the directory.
     dirs: HashMap<i32, PathBuf>,
 }
@@ -147,7 +172,11 @@ fn kernel_limit(errno: Errno) -> Option<Failure> {
 impl Tree {
     /// Starts watching `root` (and, when `recursive`, every directory below
     /// it). Blocking: runs on the blocking pool.
-    fn open(root: PathBuf, recursive: bool) -> Result<Tree, Failure> {
+    fn open(root: PathBuf, options: WatchOptions) -> Result<Tree, Failure> {
+        if options.local_only {
+            refuse_network_filesystem(&root)?;
+        }
+        let recursive = options.recursive;
         let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK).map_err(|errno| {
             kernel_limit(errno).unwrap_or_else(|| errno_failure("cannot start a watch", errno))
         })?;
@@ -162,6 +191,7 @@ impl Tree {
             root: root.clone(),
             root_wd,
             recursive,
+            entries: options.entries,
             dirs: HashMap::from([(root_wd, root.clone())]),
         };
         if recursive {
@@ -276,11 +306,56 @@ fn read_events(fd: BorrowedFd<'_>, buf: &mut [MaybeUninit<u8>]) -> Result<Vec<Ra
     }
 }
 
-/// Queues one `fs_event`; fails when the host is gone.
-async fn emit(outbox: &Outbox, id: u64, kind: FsEventKind, path: &Path) -> Result<(), Failure> {
+/// Whether a `statfs` type is a network filesystem's.
+fn is_network_filesystem(f_type: i64) -> bool {
+    NETWORK_FILESYSTEMS.contains(&f_type)
+}
+
+/// Fails when `root` is on a network filesystem. Blocking.
+fn refuse_network_filesystem(root: &Path) -> Result<(), Failure> {
+    let shown = root.display();
+    let stat = rustix::fs::statfs(root)
+        .map_err(|errno| errno_failure(format!("cannot watch {shown}"), errno))?;
+    if is_network_filesystem(stat.f_type) {
+        return Err(Failure::invalid(format!(
+            "cannot watch path on network filesystem: {shown} (NFS, SMB or FUSE, whose \
+             changes made elsewhere are not seen); allow network mounts to watch it anyway"
+        )));
+    }
+    Ok(())
+}
+
+/// The entry an event of `kind` about `path` carries: what it is now, for
+/// a `create`, `write` or `chmod` of a watch that asked for entries.
+async fn entry_of(tree: &Tree, kind: FsEventKind, path: &Path) -> Option<FileInfo> {
+    let xattrs = tree.entries.clone()?;
+    if !matches!(
+        kind,
+        FsEventKind::Create | FsEventKind::Write | FsEventKind::Chmod
+    ) {
+        return None;
+    }
+    let path = path.to_path_buf();
+    // Gone already (or unreadable): the event goes without.
+    blocking(move || Ok(info_of(&path, xattrs.as_deref()).ok()))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Queues one `fs_event` about `path`, with its entry when the watch asks
+/// for them; fails when the host is gone.
+async fn emit(
+    tree: &Tree,
+    outbox: &Outbox,
+    id: u64,
+    kind: FsEventKind,
+    path: &Path,
+) -> Result<(), Failure> {
     let event = Event::FsEvent {
         kind,
         path: lossy(path),
+        entry: entry_of(tree, kind, path).await,
     };
     if outbox.send(id, event).await {
         Ok(())
@@ -325,17 +400,17 @@ async fn handle(mut tree: Tree, raw: Raw, id: u64, outbox: &Outbox) -> Result<Tr
         }
         let shown = tree.root.display().to_string();
         if mask.contains(ReadFlags::ATTRIB) {
-            emit(outbox, id, FsEventKind::Chmod, &dir).await?;
+            emit(&tree, outbox, id, FsEventKind::Chmod, &dir).await?;
         }
         if mask.contains(ReadFlags::DELETE_SELF) {
-            emit(outbox, id, FsEventKind::Remove, &dir).await?;
+            emit(&tree, outbox, id, FsEventKind::Remove, &dir).await?;
             return Err(Failure::new(
                 ErrorKind::NotFound,
                 format!("{shown} was removed; the watch ended"),
             ));
         }
         if mask.contains(ReadFlags::MOVE_SELF) {
-            emit(outbox, id, FsEventKind::Rename, &dir).await?;
+            emit(&tree, outbox, id, FsEventKind::Rename, &dir).await?;
             return Err(Failure::new(
                 ErrorKind::NotFound,
                 format!("{shown} was moved or renamed; the watch ended"),
@@ -364,26 +439,26 @@ async fn handle(mut tree: Tree, raw: Raw, id: u64, outbox: &Outbox) -> Result<Tr
             // its watch was added is only seen by reading it.
             let found;
             (tree, found) = grow(tree, path.clone(), true).await?;
-            emit(outbox, id, FsEventKind::Create, &path).await?;
+            emit(&tree, outbox, id, FsEventKind::Create, &path).await?;
             for entry in found {
-                emit(outbox, id, FsEventKind::Create, &entry).await?;
+                emit(&tree, outbox, id, FsEventKind::Create, &entry).await?;
             }
         } else {
-            emit(outbox, id, FsEventKind::Create, &path).await?;
+            emit(&tree, outbox, id, FsEventKind::Create, &path).await?;
         }
     }
     if mask.contains(ReadFlags::MODIFY) {
-        emit(outbox, id, FsEventKind::Write, &path).await?;
+        emit(&tree, outbox, id, FsEventKind::Write, &path).await?;
     }
     if mask.contains(ReadFlags::ATTRIB) {
-        emit(outbox, id, FsEventKind::Chmod, &path).await?;
+        emit(&tree, outbox, id, FsEventKind::Chmod, &path).await?;
     }
     if mask.contains(ReadFlags::DELETE) {
         // The watch of a removed subdirectory goes with `IN_IGNORED`.
-        emit(outbox, id, FsEventKind::Remove, &path).await?;
+        emit(&tree, outbox, id, FsEventKind::Remove, &path).await?;
     }
     if mask.contains(ReadFlags::MOVED_FROM) {
-        emit(outbox, id, FsEventKind::Rename, &path).await?;
+        emit(&tree, outbox, id, FsEventKind::Rename, &path).await?;
         if subtree {
             tree.detach(&path);
         }
@@ -392,7 +467,7 @@ async fn handle(mut tree: Tree, raw: Raw, id: u64, outbox: &Outbox) -> Result<Tr
         if subtree {
             (tree, _) = grow(tree, path.clone(), false).await?;
         }
-        emit(outbox, id, FsEventKind::Rename, &path).await?;
+        emit(&tree, outbox, id, FsEventKind::Rename, &path).await?;
     }
     Ok(tree)
 }
@@ -492,13 +567,21 @@ impl Watches {
     /// Handles `watch`: the watch is in place when this returns (the read
     /// loop waits for it, so later requests see it), and the rest streams
     /// from a task of its own. Failures are answered here.
-    pub(crate) async fn start(&mut self, id: u64, path: &str, recursive: bool) {
-        if let Err(failure) = self.try_start(id, path, recursive).await {
+    pub(crate) async fn start(&mut self, id: u64, path: &str, options: WatchOptions) {
+        if let Err(failure) = self.try_start(id, path, options).await {
             self.outbox.fail(id, failure).await;
         }
     }
 
-    async fn try_start(&mut self, id: u64, path: &str, recursive: bool) -> Result<(), Failure> {
+    async fn try_start(
+        &mut self,
+        id: u64,
+        path: &str,
+        options: WatchOptions,
+    ) -> Result<(), Failure> {
+        if let Some(Some(prefix)) = &options.entries {
+            check_xattr_prefix(prefix)?;
+        }
         {
             let open = locked(&self.open);
             if open.contains_key(&id) {
@@ -513,7 +596,7 @@ impl Watches {
             }
         }
         let root = self.files.resolve(path)?;
-        let tree = blocking(move || Tree::open(root, recursive)).await?;
+        let tree = blocking(move || Tree::open(root, options)).await?;
         // SAFETY: `register_with_interest` needs the descriptor to stay open
         // and refer to the same file description while the `AsyncFd` lives,
         // and `as_raw_fd` to return it every time. The `AsyncFd` owns a
@@ -572,5 +655,27 @@ impl Watches {
     /// closes its inotify descriptor.
     pub(crate) fn close_all(&self) {
         locked(&self.open).clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn network_filesystems_are_told_by_their_type() {
+        // NFS, CIFS, SMB, SMB2, FUSE (bindfs, sshfs, …).
+        for magic in [0x6969, 0xFF53_4D42, 0x517B, 0xFE53_4D42, 0x6573_5546] {
+            assert!(is_network_filesystem(magic), "{magic:#x}");
+        }
+        // tmpfs, ext4, overlayfs, btrfs, gVisor's 9p gofer.
+        for magic in [0x0102_1994, 0xEF53, 0x794C_7630, 0x9123_683E, 0x0102_1997] {
+            assert!(!is_network_filesystem(magic), "{magic:#x}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        assert!(refuse_network_filesystem(dir.path()).is_ok());
+        let missing = refuse_network_filesystem(&dir.path().join("none")).unwrap_err();
+        assert_eq!(missing.kind, ErrorKind::NotFound);
     }
 }

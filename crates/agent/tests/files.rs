@@ -14,6 +14,7 @@ fn write_file(path: &str, create_parents: bool) -> Request {
         create_parents,
         append: false,
         owner: Identity::User,
+        xattrs: None,
     }
 }
 
@@ -123,6 +124,7 @@ async fn write_mode_and_append() {
         create_parents: false,
         append: false,
         owner: Identity::User,
+        xattrs: None,
     };
     assert_eq!(
         write(&mut agent, request, b"#!/bin/sh\necho ran\n", 64).await,
@@ -139,6 +141,7 @@ async fn write_mode_and_append() {
         create_parents: false,
         append: true,
         owner: Identity::User,
+        xattrs: None,
     };
     assert_eq!(
         write(&mut agent, append, b"echo again\n", 64).await,
@@ -263,6 +266,7 @@ async fn stat_and_symlinks() {
     match agent
         .call(Request::Stat {
             path: "f".to_owned(),
+            xattrs: None,
         })
         .await
     {
@@ -280,6 +284,7 @@ async fn stat_and_symlinks() {
     match agent
         .call(Request::Stat {
             path: "link".to_owned(),
+            xattrs: None,
         })
         .await
     {
@@ -293,7 +298,8 @@ async fn stat_and_symlinks() {
         error_kind(
             agent
                 .call(Request::Stat {
-                    path: "missing".to_owned()
+                    path: "missing".to_owned(),
+                    xattrs: None,
                 })
                 .await
         ),
@@ -467,6 +473,7 @@ async fn a_directory_of_100000_entries_lists_as_a_stream() {
             path: "big".to_owned(),
             depth: 1,
             limit: 1_000_000,
+            xattrs: None,
         })
         .await;
     let mut names = std::collections::HashSet::new();
@@ -501,6 +508,7 @@ async fn a_directory_of_100000_entries_lists_as_a_stream() {
             path: dir.to_str().unwrap().to_owned(),
             depth: 1,
             limit: 4321,
+            xattrs: None,
         })
         .await;
     let mut count = 0;
@@ -523,6 +531,7 @@ async fn a_directory_of_100000_entries_lists_as_a_stream() {
             path: "big/f000001".to_owned(),
             depth: 1,
             limit: 10,
+            xattrs: None,
         })
         .await;
     assert_eq!(error_kind(not_dir), ErrorKind::NotADirectory);
@@ -630,5 +639,194 @@ async fn file_work_runs_beside_process_output() {
     let out = agent.collect(spawn).await;
     assert_eq!(out.stdout.iter().filter(|b| **b == b'\n').count(), 200);
     assert_eq!(read(&mut agent, "side.bin", 0, None).await.unwrap(), data);
+    agent.close().await.unwrap();
+}
+
+fn tagged_write(path: &str, attrs: &[(&str, &str)]) -> Request {
+    Request::WriteFile {
+        path: path.to_owned(),
+        mode: None,
+        create_parents: true,
+        append: false,
+        owner: Identity::User,
+        xattrs: Some(airlock_protocol::Xattrs {
+            prefix: "user.t.".into(),
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }),
+    }
+}
+
+async fn xattrs_of(agent: &mut Agent, path: &str) -> Vec<(String, String)> {
+    match agent
+        .call(Request::Stat {
+            path: path.to_owned(),
+            xattrs: Some("user.t.".into()),
+        })
+        .await
+    {
+        Event::Stat(info) => info.xattrs.into_iter().collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn writes_leave_attributes_that_stat_lists_and_renames_keep() {
+    let mut agent = Agent::start();
+    let home = agent.home().to_path_buf();
+    let attrs = [("user.t.a", "1"), ("user.t.b", "two words")];
+    let event = write(&mut agent, tagged_write("d/f", &attrs), b"data", 2).await;
+    assert_eq!(event, Event::Written { bytes: 4 });
+    assert_eq!(std::fs::read(home.join("d/f")).unwrap(), b"data");
+    assert_eq!(xattrs_of(&mut agent, "d/f").await, pairs(&attrs));
+    // A stat that asks for none reports none.
+    match agent
+        .call(Request::Stat {
+            path: "d/f".into(),
+            xattrs: None,
+        })
+        .await
+    {
+        Event::Stat(info) => assert!(info.xattrs.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    // Attributes outside the prefix are left alone; an overwrite with
+    // fewer replaces the set, one without any clears it.
+    rustix::fs::setxattr(
+        home.join("d/f"),
+        "user.other",
+        b"x",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    let event = write(
+        &mut agent,
+        tagged_write("d/f", &[("user.t.b", "3")]),
+        b"new",
+        3,
+    )
+    .await;
+    assert_eq!(event, Event::Written { bytes: 3 });
+    assert_eq!(std::fs::read(home.join("d/f")).unwrap(), b"new");
+    assert_eq!(
+        xattrs_of(&mut agent, "d/f").await,
+        pairs(&[("user.t.b", "3")])
+    );
+    // Renamed, the file keeps them.
+    let renamed = agent
+        .call(Request::Rename {
+            from: "d/f".into(),
+            to: "d/g".into(),
+        })
+        .await;
+    assert_eq!(renamed, Event::Done);
+    assert_eq!(
+        xattrs_of(&mut agent, "d/g").await,
+        pairs(&[("user.t.b", "3")])
+    );
+    let event = write(&mut agent, tagged_write("d/g", &[]), b"", 1).await;
+    assert_eq!(event, Event::Written { bytes: 0 });
+    assert!(xattrs_of(&mut agent, "d/g").await.is_empty());
+    assert_eq!(
+        rustix::fs::getxattr(home.join("d/g"), "user.other", &mut [0u8; 8][..]).unwrap(),
+        1
+    );
+
+    // A streamed listing reports them per entry.
+    let event = write(
+        &mut agent,
+        tagged_write("d/h", &[("user.t.k", "v")]),
+        b"h",
+        1,
+    )
+    .await;
+    assert_eq!(event, Event::Written { bytes: 1 });
+    let id = agent
+        .send(Request::ListDirStream {
+            path: "d".into(),
+            depth: 1,
+            limit: 10,
+            xattrs: Some("user.t.".into()),
+        })
+        .await;
+    let mut listed = Vec::new();
+    loop {
+        match agent.next(id).await.msg {
+            Event::EntriesChunk { entries } => listed.extend(entries),
+            Event::EntriesEnd { count, .. } => {
+                assert_eq!(count, 2);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    assert!(listed[0].xattrs.is_empty(), "{listed:?}");
+    assert_eq!(
+        listed[1].xattrs.get("user.t.k").map(String::as_str),
+        Some("v")
+    );
+    agent.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn attribute_requests_outside_user_are_refused_before_anything_changes() {
+    let mut agent = Agent::start();
+    std::fs::write(agent.home().join("f"), b"old").unwrap();
+    let mut bad = tagged_write("f", &[("user.t.a", "1")]);
+    if let Request::WriteFile {
+        xattrs: Some(set), ..
+    } = &mut bad
+    {
+        set.prefix = "trusted.".into();
+        set.attrs.clear();
+        set.attrs.insert("trusted.a".into(), "1".into());
+    }
+    let event = write(&mut agent, bad, b"new", 3).await;
+    assert_eq!(error_kind(event), ErrorKind::InvalidArgument);
+    let event = write(
+        &mut agent,
+        tagged_write("f", &[("user.q.a", "1")]),
+        b"new",
+        3,
+    )
+    .await;
+    assert_eq!(error_kind(event), ErrorKind::InvalidArgument);
+    assert_eq!(std::fs::read(agent.home().join("f")).unwrap(), b"old");
+    let stat = agent
+        .call(Request::Stat {
+            path: "f".into(),
+            xattrs: Some("security.".into()),
+        })
+        .await;
+    assert_eq!(error_kind(stat), ErrorKind::InvalidArgument);
+    agent.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_filesystem_without_user_attributes_refuses_a_tagged_write_and_keeps_the_file() {
+    // /proc has no user attributes: a file there stands in for such a
+    // filesystem; /dev/shm (tmpfs) has them since Linux 6.6.
+    let mut agent = Agent::start();
+    let event = write(
+        &mut agent,
+        tagged_write("/proc/self/comm", &[("user.t.a", "1")]),
+        b"renamed",
+        7,
+    )
+    .await;
+    assert_eq!(error_kind(event), ErrorKind::Unsupported);
+    // Clearing where there is nothing to clear is no error.
+    let comm = std::fs::read("/proc/self/comm").unwrap();
+    let event = write(&mut agent, tagged_write("/proc/self/comm", &[]), &comm, 64).await;
+    assert!(matches!(event, Event::Written { .. }), "{event:?}");
     agent.close().await.unwrap();
 }

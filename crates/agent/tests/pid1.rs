@@ -178,6 +178,7 @@ async fn pid1_sandbox() {
             create_parents: true,
             append: false,
             owner: Identity::User,
+            xattrs: None,
         })
         .await;
     agent.send_on(id, Request::WriteData, b"hi".to_vec()).await;
@@ -187,6 +188,7 @@ async fn pid1_sandbox() {
         match agent
             .call(Request::Stat {
                 path: path.to_owned(),
+                xattrs: None,
             })
             .await
         {
@@ -208,6 +210,7 @@ async fn pid1_sandbox() {
     match agent
         .call(Request::Stat {
             path: "rootdir".to_owned(),
+            xattrs: None,
         })
         .await
     {

@@ -23,6 +23,9 @@ async fn watch(agent: &mut Agent, path: &str, recursive: bool) -> u64 {
         .send(Request::Watch {
             path: path.to_owned(),
             recursive,
+            entries: false,
+            xattrs: None,
+            local_only: false,
         })
         .await;
     assert_eq!(agent.call(Request::Ping).await, Event::Pong);
@@ -36,7 +39,7 @@ fn text(path: &Path) -> String {
 /// The next event of watch `id`, which must be an `fs_event`.
 async fn fs_event(agent: &mut Agent, id: u64) -> (FsEventKind, String) {
     match agent.next(id).await.msg {
-        Event::FsEvent { kind, path } => (kind, path),
+        Event::FsEvent { kind, path, .. } => (kind, path),
         other => panic!("expected an fs_event, got {other:?}"),
     }
 }
@@ -287,6 +290,9 @@ async fn cancel_ends_the_stream_and_later_changes_are_silent() {
             Request::Watch {
                 path: text(&dir),
                 recursive: false,
+                entries: false,
+                xattrs: None,
+                local_only: false,
             },
             Vec::new(),
         )
@@ -305,6 +311,9 @@ async fn watches_that_cannot_start_end_with_an_error() {
     let missing = Request::Watch {
         path: "missing".to_owned(),
         recursive: false,
+        entries: false,
+        xattrs: None,
+        local_only: false,
     };
     assert_eq!(error_kind(agent.call(missing).await), ErrorKind::NotFound);
 
@@ -314,6 +323,9 @@ async fn watches_that_cannot_start_end_with_an_error() {
         let file = Request::Watch {
             path: "file.txt".to_owned(),
             recursive,
+            entries: false,
+            xattrs: None,
+            local_only: false,
         };
         assert_eq!(error_kind(agent.call(file).await), ErrorKind::NotADirectory);
     }
@@ -322,6 +334,9 @@ async fn watches_that_cannot_start_end_with_an_error() {
         let bad = Request::Watch {
             path: path.to_owned(),
             recursive: false,
+            entries: false,
+            xattrs: None,
+            local_only: false,
         };
         assert_eq!(
             error_kind(agent.call(bad).await),
@@ -401,6 +416,7 @@ async fn an_overflowing_queue_ends_the_watch_with_an_error() {
             Event::FsEvent {
                 kind: FsEventKind::Write,
                 path,
+                ..
             } => {
                 assert_eq!(path, text(&paths[writes % 2]));
                 writes += 1;
@@ -420,6 +436,107 @@ async fn an_overflowing_queue_ends_the_watch_with_an_error() {
     let id = watch(&mut agent, &text(&dir), false).await;
     fs::remove_file(&paths[0]).unwrap();
     expect(&mut agent, id, &[(Remove, &paths[0])]).await;
+    cancel(&mut agent, id).await;
+    agent.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn watches_asked_for_entries_attach_them_to_what_still_exists() {
+    let mut agent = Agent::start();
+    let dir = agent.home().join("e");
+    fs::create_dir(&dir).unwrap();
+    let id = agent
+        .send(Request::Watch {
+            path: "e".to_owned(),
+            recursive: false,
+            entries: true,
+            xattrs: Some("user.t.".into()),
+            local_only: true,
+        })
+        .await;
+    assert_eq!(agent.call(Request::Ping).await, Event::Pong);
+
+    let (a, b) = (dir.join("a.txt"), dir.join("b.txt"));
+    fs::write(&a, b"hello").unwrap();
+    rustix::fs::setxattr(&a, "user.t.k", b"v", rustix::fs::XattrFlags::empty()).unwrap();
+    fs::rename(&a, &b).unwrap();
+    fs::remove_file(&b).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let Event::FsEvent { kind, path, entry } = agent.next(id).await.msg else {
+            panic!("expected an fs_event");
+        };
+        let done = kind == Remove;
+        seen.push((kind, path, entry));
+        if done {
+            break;
+        }
+    }
+    for (kind, path, entry) in &seen {
+        match kind {
+            // `a.txt` may be renamed before its `create` is handled: then
+            // it goes without.
+            Create | FsEventKind::Write | Chmod => {
+                if let Some(entry) = entry {
+                    assert_eq!(entry.path, *path);
+                    assert_eq!(entry.name, "a.txt");
+                }
+            }
+            Rename | Remove => assert!(entry.is_none(), "{kind:?} {path} {entry:?}"),
+        }
+    }
+    // The attribute's own `chmod` is reported with it, unless the file had
+    // gone by then.
+    let chmod = seen.iter().find(|(kind, ..)| *kind == Chmod).unwrap();
+    if let Some(entry) = &chmod.2 {
+        assert_eq!(entry.xattrs.get("user.t.k").map(String::as_str), Some("v"));
+    }
+    cancel(&mut agent, id).await;
+
+    // A prefix outside `user.` is refused.
+    let bad = Request::Watch {
+        path: "e".to_owned(),
+        recursive: false,
+        entries: true,
+        xattrs: Some("trusted.".into()),
+        local_only: false,
+    };
+    assert_eq!(
+        error_kind(agent.call(bad).await),
+        ErrorKind::InvalidArgument
+    );
+    agent.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn entries_follow_the_events_when_the_entry_stays() {
+    let mut agent = Agent::start();
+    let dir = agent.home().join("s");
+    fs::create_dir(&dir).unwrap();
+    let id = agent
+        .send(Request::Watch {
+            path: "s".to_owned(),
+            recursive: false,
+            entries: true,
+            xattrs: None,
+            local_only: false,
+        })
+        .await;
+    assert_eq!(agent.call(Request::Ping).await, Event::Pong);
+    let file = dir.join("kept.txt");
+    fs::write(&file, b"12345").unwrap();
+    let Event::FsEvent { kind, entry, .. } = agent.next(id).await.msg else {
+        panic!("expected an fs_event");
+    };
+    assert_eq!(kind, Create);
+    let entry = entry.expect("the created file is still there");
+    assert_eq!(entry.name, "kept.txt");
+    assert!(entry.xattrs.is_empty());
+    let Event::FsEvent { kind, entry, .. } = agent.next(id).await.msg else {
+        panic!("expected an fs_event");
+    };
+    assert_eq!(kind, FsEventKind::Write);
+    assert_eq!(entry.expect("still there").size, 5);
     cancel(&mut agent, id).await;
     agent.close().await.unwrap();
 }

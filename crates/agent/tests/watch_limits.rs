@@ -22,6 +22,9 @@ fn watch_request(path: &str, recursive: bool) -> Request {
     Request::Watch {
         path: path.to_owned(),
         recursive,
+        entries: false,
+        xattrs: None,
+        local_only: false,
     }
 }
 

@@ -84,7 +84,7 @@ fn the_sdk_lifecycle_works_end_to_end() {
     assert_eq!(created["templateID"], "base");
     assert_eq!(created["clientID"], "airlock");
     assert_eq!(created["alias"], "base");
-    assert_eq!(created["envdVersion"], "0.5.7");
+    assert_eq!(created["envdVersion"], "0.6.4");
     assert!(created.get("domain").is_some() && created["domain"].is_null());
     let token = created["envdAccessToken"].as_str().unwrap().to_owned();
     assert!(token.starts_with("at_"));
@@ -115,7 +115,7 @@ fn the_sdk_lifecycle_works_end_to_end() {
         detail["diskSizeMB"], 1024,
         "the writable layer: on disk, the default 1G quota"
     );
-    assert_eq!(detail["envdVersion"], "0.5.7");
+    assert_eq!(detail["envdVersion"], "0.6.4");
     let started = detail["startedAt"].as_str().unwrap().to_owned();
     let end_at = detail["endAt"].as_str().unwrap().to_owned();
     assert!(
@@ -149,7 +149,7 @@ fn the_sdk_lifecycle_works_end_to_end() {
     let connected = answer.json();
     assert_eq!(connected["sandboxID"], id.as_str());
     assert_eq!(connected["envdAccessToken"], token.as_str());
-    assert_eq!(connected["envdVersion"], "0.5.7");
+    assert_eq!(connected["envdVersion"], "0.6.4");
     let after = e2b(&daemon, "GET", &format!("/sandboxes/{id}"), None).json();
     assert_eq!(after["endAt"], end_600.as_str(), "TTL is only extended");
     let answer = e2b(

@@ -675,6 +675,240 @@ fn the_filesystem_round_trips_and_watches() {
     );
 }
 
+/// The metadata and listing calls envd 0.6.2 added, which the SDKs send
+/// to the envd version airlock reports: `X-Metadata-*` on uploads kept as
+/// `user.e2b.*` extended attributes, shown by stat, list, move and the
+/// upload's answer, replaced by the next upload and kept by a rename.
+#[test]
+fn uploads_keep_metadata_as_envd_0_6_2_does() {
+    let daemon = TestDaemon::start(&[]);
+    let sbx = Sandbox::new(&daemon);
+    let tagged = [
+        ("X-Metadata-Author", "Mish"),
+        ("X-Metadata-Purpose", "a test"),
+    ];
+    let up = sbx.raw(
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fm%2Fa.txt",
+        Some(b"tagged"),
+        Some("application/octet-stream"),
+        &tagged,
+    );
+    if common::on_gvisor() {
+        // gVisor's gofer keeps no user extended attributes: refused, and
+        // nothing written.
+        assert_eq!(up.status, 501, "{}", up.text());
+        assert_eq!(up.json()["code"], 501);
+        assert!(up.text().contains("extended attributes"), "{}", up.text());
+        let stat = sbx.unary(
+            "filesystem.Filesystem/Stat",
+            json!({"path": "/home/user/m/a.txt"}),
+        );
+        assert_eq!(stat.status, 404, "{}", stat.text());
+        return;
+    }
+    assert_eq!(up.status, 200, "{}", up.text());
+    let metadata = json!({"author": "Mish", "purpose": "a test"});
+    assert_eq!(
+        up.json(),
+        json!([{"path": "/home/user/m/a.txt", "name": "a.txt", "type": "file", "metadata": metadata}])
+    );
+    // Kept where envd keeps it.
+    let (out, _, end) = sbx.run(
+        "python3 -c 'import os; print(sorted((n, os.getxattr(\"/home/user/m/a.txt\", n).decode()) \
+         for n in os.listxattr(\"/home/user/m/a.txt\")))'",
+    );
+    assert_eq!(end["exitCode"].as_i64().unwrap_or(0), 0, "{end}");
+    assert_eq!(
+        out,
+        "[('user.e2b.author', 'Mish'), ('user.e2b.purpose', 'a test')]\n"
+    );
+    let stat = sbx.unary(
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user/m/a.txt"}),
+    );
+    assert_eq!(stat.json()["entry"]["metadata"], metadata);
+    let list = sbx.unary(
+        "filesystem.Filesystem/ListDir",
+        json!({"path": "/home/user/m", "depth": 1}),
+    );
+    assert_eq!(list.json()["entries"][0]["metadata"], metadata);
+    // Other `user.*` attributes are not metadata.
+    sbx.run("python3 -c 'import os; os.setxattr(\"/home/user/m/a.txt\", \"user.other\", b\"x\")'");
+    let stat = sbx.unary(
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user/m/a.txt"}),
+    );
+    assert_eq!(stat.json()["entry"]["metadata"], metadata);
+
+    // A rename keeps it.
+    let moved = sbx.unary(
+        "filesystem.Filesystem/Move",
+        json!({"source": "/home/user/m/a.txt", "destination": "/home/user/m/b.txt"}),
+    );
+    assert_eq!(moved.json()["entry"]["metadata"], metadata);
+    // An upload replaces the whole set: a multipart one with one header
+    // leaves that one; one with none clears it, as envd's do.
+    let body = b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/home/user/m/b.txt\"\r\n\r\nagain\r\n--b0undary--\r\n";
+    let up = sbx.raw(
+        "POST",
+        "/files",
+        Some(body),
+        Some("multipart/form-data; boundary=b0undary"),
+        &[("X-Metadata-Only", "one")],
+    );
+    assert_eq!(up.status, 200, "{}", up.text());
+    assert_eq!(up.json()[0]["metadata"], json!({"only": "one"}));
+    let stat = sbx.unary(
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user/m/b.txt"}),
+    );
+    assert_eq!(stat.json()["entry"]["metadata"], json!({"only": "one"}));
+    let up = sbx.raw(
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fm%2Fb.txt",
+        Some(b"plain"),
+        Some("application/octet-stream"),
+        &[],
+    );
+    assert_eq!(up.status, 200, "{}", up.text());
+    assert!(up.json()[0].get("metadata").is_none(), "{}", up.text());
+    let stat = sbx.unary(
+        "filesystem.Filesystem/Stat",
+        json!({"path": "/home/user/m/b.txt"}),
+    );
+    assert!(
+        stat.json()["entry"].get("metadata").is_none(),
+        "{}",
+        stat.text()
+    );
+    let (out, _, _) = sbx.run("cat /home/user/m/b.txt; python3 -c 'import os; print(os.listxattr(\"/home/user/m/b.txt\"))'");
+    assert_eq!(out, "plain['user.other']\n");
+
+    // Metadata envd refuses is refused before anything is written.
+    let bad = sbx.raw(
+        "POST",
+        "/files?path=%2Fhome%2Fuser%2Fm%2Fb.txt",
+        Some(b"not written"),
+        Some("application/octet-stream"),
+        &[("X-Metadata-K", "tab\there")],
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(
+        bad.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("invalid metadata: "),
+        "{}",
+        bad.text()
+    );
+    let down = sbx.raw(
+        "GET",
+        "/files?path=%2Fhome%2Fuser%2Fm%2Fb.txt",
+        None,
+        None,
+        &[],
+    );
+    assert_eq!(down.body, b"plain");
+}
+
+/// Watches as envd 0.6.3 and 0.6.4 answer them: entries on the events that
+/// have one (`includeEntry`, polled and streamed), and a volume's bind
+/// mount watched like any directory (it is no network mount), changes made
+/// from the host included.
+#[test]
+fn watches_carry_entries_and_see_into_volumes() {
+    let daemon = TestDaemon::start(&[]);
+    let made = daemon.call("POST", "/v1/volumes", Some(json!({"name": "shared"})));
+    assert_eq!(made.status, 201, "{}", made.text());
+    let sbx = Sandbox::with(
+        &daemon,
+        json!({"timeout_s": 120, "volumes": [{"name": "shared", "path": "/mnt/data"}]}),
+    );
+    daemon.sh_ok(&sbx.id, "mkdir -p /home/user/w");
+
+    // Polled (CreateWatcher / GetWatcherEvents), as the sync SDK watches.
+    let created = sbx.unary(
+        "filesystem.Filesystem/CreateWatcher",
+        json!({"path": "/home/user/w", "includeEntry": true}),
+    );
+    assert_eq!(created.status, 200, "{}", created.text());
+    let watcher = created.json()["watcherId"].as_str().unwrap().to_owned();
+    daemon.sh_ok(
+        &sbx.id,
+        "printf 12345 > /home/user/w/kept; touch /home/user/w/gone; rm /home/user/w/gone",
+    );
+    let mut events: Vec<Value> = Vec::new();
+    assert!(TestDaemon::wait_for(Duration::from_secs(5), || {
+        let polled = sbx
+            .unary(
+                "filesystem.Filesystem/GetWatcherEvents",
+                json!({"watcherId": watcher}),
+            )
+            .json();
+        events.extend(polled["events"].as_array().unwrap().iter().cloned());
+        events
+            .iter()
+            .any(|e| e["name"] == "gone" && e["type"] == "EVENT_TYPE_REMOVE")
+    }));
+    let kept: Vec<&Value> = events.iter().filter(|e| e["name"] == "kept").collect();
+    assert!(
+        kept.iter()
+            .any(|e| e["entry"]["path"] == "/home/user/w/kept"
+                && e["entry"]["type"] == "FILE_TYPE_FILE"),
+        "{events:?}"
+    );
+    for event in &events {
+        if event["type"] == "EVENT_TYPE_REMOVE" || event["type"] == "EVENT_TYPE_RENAME" {
+            assert!(event.get("entry").is_none(), "{event}");
+        }
+    }
+
+    // Streamed (WatchDir), as the async SDK watches, on the volume.
+    let (answer, frames) = std::thread::scope(|scope| {
+        let watch = scope.spawn(|| {
+            sbx.stream(
+                "filesystem.Filesystem/WatchDir",
+                json!({"path": "/mnt/data", "includeEntry": true}),
+                &[("Connect-Timeout-Ms", "3000")],
+            )
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        daemon.sh_ok(&sbx.id, "echo inside > /mnt/data/inside.txt");
+        let put = daemon.call_as(
+            Some(&daemon.key),
+            "PUT",
+            "/v1/volumes/shared/file?path=/host.txt",
+            Some(b"from the host"),
+            Some("application/octet-stream"),
+            &[],
+        );
+        assert_eq!(put.status / 100, 2, "{}", put.text());
+        watch.join().unwrap()
+    });
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(frames[0].1, json!({"start": {}}));
+    let seen = |name: &str| {
+        frames.iter().any(|(_, f)| {
+            f["filesystem"]["name"] == name
+                && f["filesystem"]["type"] == "EVENT_TYPE_CREATE"
+                && f["filesystem"]["entry"]["name"] == name
+        })
+    };
+    assert!(seen("inside.txt"), "{frames:?}");
+    // gVisor's inotify sees only what goes through its own kernel.
+    if !common::on_gvisor() {
+        assert!(seen("host.txt"), "{frames:?}");
+    }
+
+    // A path that is not there is envd's not_found.
+    let missing = sbx.unary(
+        "filesystem.Filesystem/CreateWatcher",
+        json!({"path": "/home/user/none", "allowNetworkMounts": true}),
+    );
+    assert_eq!(missing.status, 404, "{}", missing.text());
+}
+
 #[test]
 fn list_dir_answers_100000_entries_whole_and_refuses_past_its_cap() {
     let daemon = TestDaemon::start(&[]);

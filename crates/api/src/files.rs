@@ -114,6 +114,7 @@ pub async fn write_file(
             mode,
             params.user.map(Into::into),
             airlock_daemon::files::WriteMode::Atomic,
+            None,
             Box::pin(stream),
             limit,
             &request_id.0,
@@ -246,7 +247,7 @@ pub async fn move_path(
     let body = json_body(body)?;
     Ok(Json(
         api.daemon
-            .move_path(&id, &body.from, &body.to)
+            .move_path(&id, &body.from, &body.to, None)
             .await?
             .into(),
     ))
@@ -298,7 +299,14 @@ pub async fn watch(
     let params = query(params)?;
     let watcher = api
         .daemon
-        .watch(&id, &params.path, params.recursive)
+        .watch(
+            &id,
+            &params.path,
+            &airlock_daemon::files::WatchOptions {
+                recursive: params.recursive,
+                ..Default::default()
+            },
+        )
         .await?;
     let stream = futures_util::stream::unfold(Some(watcher), |watcher| async move {
         let mut watcher = watcher?;

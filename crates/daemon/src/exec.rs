@@ -385,6 +385,7 @@ pub fn error_code(kind: ErrorKind) -> &'static str {
         ErrorKind::NoSpace => "insufficient_storage",
         ErrorKind::Io => "sandbox_io_error",
         ErrorKind::UnsupportedVersion => "internal",
+        ErrorKind::Unsupported => "not_implemented",
     }
 }
 

@@ -8,7 +8,8 @@
 use crate::{closed, identity, unexpected, Daemon, DaemonError, LiveSandbox};
 use airlock_policy::RunAs;
 use airlock_protocol::{
-    Event, Events, FileInfo, Request, MAX_LIST_DEPTH, MAX_LIST_PAGE, MAX_PAYLOAD_BYTES,
+    Event, Events, FileInfo, FsEventKind, Request, Xattrs, MAX_LIST_DEPTH, MAX_LIST_PAGE,
+    MAX_PAYLOAD_BYTES,
 };
 use airlock_store::Stream;
 use futures_util::{Stream as AsyncStream, StreamExt};
@@ -36,6 +37,12 @@ const MAX_CURSOR: usize = 6000;
 /// The first protocol version whose agents page and stream listings
 /// (`ListDirPage`, `ListDirStream`); older agents answer one frame.
 const LISTING_PROTOCOL: u32 = 2;
+/// The first protocol version whose agents read and write extended
+/// attributes, attach entries to a watch's events and refuse network
+/// filesystems on request. Older agents get none of these: what they are
+/// asked to read reads as none, entries are stat'ed here, and a write that
+/// would set attributes is refused.
+const XATTR_PROTOCOL: u32 = 4;
 
 /// A page of a listing.
 #[derive(Debug)]
@@ -208,7 +215,12 @@ impl Daemon {
     /// renamed into place once complete; [`WriteMode::InPlace`] writes the
     /// file itself, as e2b's envd does (a watcher then sees it created and
     /// written under its own name). More than `limit` bytes → `TooLarge`
-    /// and the file is removed.
+    /// and the file is removed. With `xattrs`, the file is left with those
+    /// extended attributes under their prefix (see [`Xattrs`]), set before
+    /// its content: a filesystem without them fails the write with
+    /// `Unsupported` and leaves the file as it was, and so does an agent
+    /// that predates them (unless there are none to set: the write then
+    /// goes without).
     #[allow(clippy::too_many_arguments)]
     pub async fn write_file<S, B, E>(
         &self,
@@ -217,6 +229,7 @@ impl Daemon {
         mode: Option<u32>,
         user: Option<RunAs>,
         write_mode: WriteMode,
+        xattrs: Option<Xattrs>,
         mut body: S,
         limit: u64,
         request_id: &str,
@@ -244,6 +257,20 @@ impl Daemon {
             WriteMode::InPlace => path.to_owned(),
         };
         let agent = sandbox.agent();
+        let xattrs = match xattrs {
+            Some(set) if agent.version() < XATTR_PROTOCOL => {
+                if !set.attrs.is_empty() {
+                    return Err(DaemonError::Unsupported(format!(
+                        "the agent of sandbox {id} (protocol version {}) predates extended \
+                         attributes, so it cannot keep file metadata; sandboxes created \
+                         since the daemon's upgrade can",
+                        agent.version()
+                    )));
+                }
+                None
+            }
+            other => other,
+        };
         let events = agent
             .request(Request::WriteFile {
                 path: temp.clone(),
@@ -251,6 +278,7 @@ impl Daemon {
                 create_parents: true,
                 append: false,
                 owner: identity(user),
+                xattrs,
             })
             .await
             .map_err(closed(id))?;
@@ -337,7 +365,9 @@ impl Daemon {
                     Err(e) => Err(e),
                 }
             }
-            (None, Event::Error { kind, message }) => Err(DaemonError::from_agent(kind, message)),
+            (None, Event::Error { kind, message }) => {
+                Err(with_tier(DaemonError::from_agent(kind, message), &sandbox))
+            }
             (None, other) => Err(unexpected(&other)),
         };
         if result.is_err() {
@@ -366,12 +396,26 @@ impl Daemon {
 
     /// Metadata of `path`.
     pub async fn stat(&self, id: &str, path: &str) -> Result<FileInfo, DaemonError> {
+        self.stat_with_xattrs(id, path, None).await
+    }
+
+    /// Metadata of `path` with its extended attributes whose names start
+    /// with `xattrs` (which must start with `user.`); none from an agent
+    /// that predates them.
+    pub async fn stat_with_xattrs(
+        &self,
+        id: &str,
+        path: &str,
+        xattrs: Option<&str>,
+    ) -> Result<FileInfo, DaemonError> {
         check_path(path)?;
+        let xattrs = self.xattrs_for(id, xattrs)?;
         match self
             .final_answer(
                 id,
                 Request::Stat {
                     path: path.to_owned(),
+                    xattrs,
                 },
                 Vec::new(),
             )
@@ -488,13 +532,16 @@ impl Daemon {
     /// Every entry under `path`, `depth` levels down, sorted by path,
     /// assembled from the agent's stream in one walk: at most
     /// [`LIST_ALL_MAX_ENTRIES`] entries and [`LIST_ALL_MAX_BYTES`] of
-    /// paths, names and link targets, `TooLarge` past either (for dialects
-    /// such as e2b's that have no pages).
+    /// paths, names, link targets and attributes, `TooLarge` past either
+    /// (for dialects such as e2b's that have no pages). Each entry reports
+    /// its extended attributes under `xattrs`, as
+    /// [`Daemon::stat_with_xattrs`] does.
     pub async fn list_dir_all(
         &self,
         id: &str,
         path: &str,
         depth: u32,
+        xattrs: Option<&str>,
     ) -> Result<Vec<FileInfo>, DaemonError> {
         check_path(path)?;
         check_depth(depth)?;
@@ -502,7 +549,17 @@ impl Daemon {
         if sandbox.agent().version() < LISTING_PROTOCOL {
             return self.list_dir_sorted(id, path, depth).await;
         }
-        list_all_of(&sandbox, path, depth).await
+        let xattrs = self.xattrs_for(id, xattrs)?;
+        list_all_of(&sandbox, path, depth, xattrs).await
+    }
+
+    /// The prefix of the attributes a request to the agent of `id` may
+    /// ask for: none for an agent that predates them.
+    fn xattrs_for(&self, id: &str, xattrs: Option<&str>) -> Result<Option<String>, DaemonError> {
+        let Some(prefix) = xattrs else {
+            return Ok(None);
+        };
+        Ok((self.running(id)?.agent().version() >= XATTR_PROTOCOL).then(|| prefix.to_owned()))
     }
 
     /// Creates a directory (and its parents with `parents`).
@@ -528,8 +585,15 @@ impl Daemon {
         .await
     }
 
-    /// Renames `from` to `to`.
-    pub async fn move_path(&self, id: &str, from: &str, to: &str) -> Result<FileInfo, DaemonError> {
+    /// Renames `from` to `to`; answers what `to` is then, with its
+    /// extended attributes under `xattrs` (which a rename keeps).
+    pub async fn move_path(
+        &self,
+        id: &str,
+        from: &str,
+        to: &str,
+        xattrs: Option<&str>,
+    ) -> Result<FileInfo, DaemonError> {
         check_path(from)?;
         check_path(to)?;
         self.done(
@@ -541,7 +605,7 @@ impl Daemon {
             Vec::new(),
         )
         .await?;
-        self.stat(id, to).await
+        self.stat_with_xattrs(id, to, xattrs).await
     }
 
     /// Removes `path` (a directory only with `recursive`, or when empty).
@@ -573,6 +637,35 @@ impl Daemon {
     }
 }
 
+/// An `Unsupported` failure of the agent of `sandbox`, naming its tier.
+fn with_tier(error: DaemonError, sandbox: &LiveSandbox) -> DaemonError {
+    match error {
+        DaemonError::Unsupported(message) => DaemonError::Unsupported(format!(
+            "{message} (a sandbox of the {} tier)",
+            sandbox.spec.tier.as_str()
+        )),
+        other => other,
+    }
+}
+
+/// What a watch reports beyond the changes under one directory.
+#[derive(Debug, Clone, Default)]
+pub struct WatchOptions {
+    /// The directories below it too.
+    pub recursive: bool,
+    /// Each `create`, `write` and `chmod` carries the [`FileInfo`] of its
+    /// entry as it was then (none when it is already gone); `remove` and
+    /// `rename` never do.
+    pub entries: bool,
+    /// With `entries`, the prefix of the extended attributes they report
+    /// (see [`Daemon::stat_with_xattrs`]).
+    pub xattrs: Option<String>,
+    /// Refuse a directory on a network filesystem (NFS, SMB, FUSE), whose
+    /// changes made elsewhere are not seen (`BadInput`). Agents that
+    /// predate the check watch it anyway.
+    pub local_only: bool,
+}
+
 /// A live watch of a directory; cancelled in the agent when dropped.
 pub struct Watcher {
     /// A change that arrived while the watch was being confirmed.
@@ -580,6 +673,8 @@ pub struct Watcher {
     events: Events,
     agent: airlock_protocol::AgentClient,
     ended: bool,
+    /// Entries to stat here, for an agent that predates attaching them.
+    stat_entries: bool,
 }
 
 /// One change under a watched directory.
@@ -587,9 +682,41 @@ pub struct Watcher {
 pub struct Change {
     /// `create`, `write`, `remove`, `rename` or `chmod`.
     #[serde(rename = "type")]
-    pub kind: airlock_protocol::FsEventKind,
+    pub kind: FsEventKind,
     /// Absolute path inside the sandbox.
     pub path: String,
+    /// What the entry was when the change was seen, for a watch that asked
+    /// for entries ([`WatchOptions::entries`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entry: Option<FileInfo>,
+}
+
+impl Change {
+    /// About what the change holds in memory: its path and its entry's
+    /// text.
+    fn weight(&self) -> usize {
+        let entry = self.entry.as_ref().map_or(0, |info| {
+            info.path.len()
+                + info.name.len()
+                + info.symlink_target.as_ref().map_or(0, String::len)
+                + info
+                    .xattrs
+                    .iter()
+                    .map(|(name, value)| name.len() + value.len())
+                    .sum::<usize>()
+        });
+        self.path.len() + entry
+    }
+}
+
+/// Whether a change of `kind` may carry an entry: what it names is still
+/// there (a `remove` or `rename` names what is gone, and a stat could only
+/// find whatever took its place).
+fn carries_entry(kind: FsEventKind) -> bool {
+    matches!(
+        kind,
+        FsEventKind::Create | FsEventKind::Write | FsEventKind::Chmod
+    )
 }
 
 impl Watcher {
@@ -597,7 +724,7 @@ impl Watcher {
     /// broke, e.g. the directory was removed).
     pub async fn next(&mut self) -> Option<Result<Change, DaemonError>> {
         if let Some(change) = self.pending.take() {
-            return Some(Ok(change));
+            return Some(Ok(self.completed(change).await));
         }
         if self.ended {
             return None;
@@ -605,7 +732,10 @@ impl Watcher {
         loop {
             match self.events.next().await {
                 Ok(Some(frame)) => match frame.msg {
-                    Event::FsEvent { kind, path } => return Some(Ok(Change { kind, path })),
+                    Event::FsEvent { kind, path, entry } => {
+                        let change = Change { kind, path, entry };
+                        return Some(Ok(self.completed(change).await));
+                    }
                     Event::Error { kind, message } => {
                         self.ended = true;
                         return Some(Err(DaemonError::from_agent(kind, message)));
@@ -622,6 +752,24 @@ impl Watcher {
                 }
             }
         }
+    }
+
+    /// `change` with its entry stat'ed here when the agent attaches none
+    /// itself (one gone by now goes without).
+    async fn completed(&self, mut change: Change) -> Change {
+        if !self.stat_entries || !carries_entry(change.kind) {
+            return change;
+        }
+        let stat = Request::Stat {
+            path: change.path.clone(),
+            xattrs: None,
+        };
+        if let Ok(events) = self.agent.request(stat).await {
+            if let Ok(Event::Stat(info)) = events.finish().await {
+                change.entry = Some(info);
+            }
+        }
+        change
     }
 }
 
@@ -643,25 +791,29 @@ impl Drop for Watcher {
 }
 
 impl Daemon {
-    /// Watches directory `path` (and below it with `recursive`). Fails
-    /// before returning if the watch cannot start; once it returns, every
-    /// later change is reported.
+    /// Watches directory `path` (see [`WatchOptions`]). Fails before
+    /// returning if the watch cannot start; once it returns, every later
+    /// change is reported.
     pub async fn watch(
         &self,
         id: &str,
         path: &str,
-        recursive: bool,
+        options: &WatchOptions,
     ) -> Result<Watcher, DaemonError> {
         check_path(path)?;
         let sandbox = self.running(id)?;
         let agent = sandbox.agent().clone();
-        let mut events = agent
-            .request(Request::Watch {
-                path: path.to_owned(),
-                recursive,
-            })
-            .await
-            .map_err(closed(id))?;
+        // What version 4 added goes only to agents that speak it.
+        let current = agent.version() >= XATTR_PROTOCOL;
+        let entries = current && options.entries;
+        let request = Request::Watch {
+            path: path.to_owned(),
+            recursive: options.recursive,
+            entries,
+            xattrs: options.xattrs.clone().filter(|_| entries),
+            local_only: current && options.local_only,
+        };
+        let mut events = agent.request(request).await.map_err(closed(id))?;
         // The agent sets the watch up before it reads the next request, so
         // once the ping is answered the watch is live, or its error is
         // already waiting.
@@ -678,7 +830,9 @@ impl Daemon {
                 Some(Event::Error { kind, message }) => {
                     return Err(DaemonError::from_agent(kind, message))
                 }
-                Some(Event::FsEvent { kind, path }) => pending = Some(Change { kind, path }),
+                Some(Event::FsEvent { kind, path, entry }) => {
+                    pending = Some(Change { kind, path, entry })
+                }
                 Some(_) => {}
                 None => return Err(DaemonError::NotRunning(id.to_owned())),
             }
@@ -688,6 +842,7 @@ impl Daemon {
             events,
             agent,
             ended: false,
+            stat_entries: options.entries && !current,
         })
     }
 }
@@ -695,6 +850,10 @@ impl Daemon {
 /// Changes kept per named watcher between two polls; past it the oldest
 /// are dropped (and the next poll says so).
 pub const WATCHER_CHANGES_KEPT: usize = 4096;
+/// Bytes of paths and entries kept per named watcher between two polls
+/// (entries carry attributes, so a count alone would let a sandbox make
+/// each one large); past it the oldest changes are dropped too.
+pub const WATCHER_BYTES_KEPT: usize = 4 << 20;
 /// Named watchers one sandbox may hold at once.
 pub const WATCHERS_PER_SANDBOX: usize = 64;
 
@@ -713,9 +872,30 @@ struct Polled {
 #[derive(Default)]
 struct PolledState {
     changes: std::collections::VecDeque<Change>,
+    /// What `changes` hold, by [`Change::weight`].
+    bytes: usize,
     dropped: u64,
     error: Option<DaemonError>,
     ended: bool,
+}
+
+impl PolledState {
+    /// Keeps `change` for the next poll, dropping the oldest past
+    /// [`WATCHER_CHANGES_KEPT`] changes or [`WATCHER_BYTES_KEPT`] bytes
+    /// (never the newest).
+    fn keep(&mut self, change: Change) {
+        self.bytes += change.weight();
+        self.changes.push_back(change);
+        while self.changes.len() > WATCHER_CHANGES_KEPT
+            || (self.bytes > WATCHER_BYTES_KEPT && self.changes.len() > 1)
+        {
+            let Some(oldest) = self.changes.pop_front() else {
+                break;
+            };
+            self.bytes -= oldest.weight();
+            self.dropped += 1;
+        }
+    }
 }
 
 impl Drop for Polled {
@@ -744,14 +924,15 @@ impl NamedWatchers {
 }
 
 impl Daemon {
-    /// Starts a watch of directory `path` whose changes are kept for
-    /// [`Daemon::watcher_changes`]; returns its id. It ends with the
-    /// sandbox, on [`Daemon::remove_watcher`], or when the watch breaks.
+    /// Starts a watch of directory `path` (see [`WatchOptions`]) whose
+    /// changes are kept for [`Daemon::watcher_changes`]; returns its id. It
+    /// ends with the sandbox, on [`Daemon::remove_watcher`], or when the
+    /// watch breaks.
     pub async fn create_watcher(
         &self,
         id: &str,
         path: &str,
-        recursive: bool,
+        options: &WatchOptions,
     ) -> Result<String, DaemonError> {
         let sandbox = self.running(id)?;
         if sandbox.watchers.map().len() >= WATCHERS_PER_SANDBOX {
@@ -759,7 +940,7 @@ impl Daemon {
                 "a sandbox may hold at most {WATCHERS_PER_SANDBOX} watchers; remove one first"
             )));
         }
-        let mut watcher = self.watch(id, path, recursive).await?;
+        let mut watcher = self.watch(id, path, options).await?;
         let watcher_id = airlock_store::new_secret("w-")
             .map_err(DaemonError::from)?
             .chars()
@@ -776,13 +957,7 @@ impl Daemon {
                 let Some(polled) = weak.upgrade() else { return };
                 let mut state = polled.state.lock().unwrap_or_else(|p| p.into_inner());
                 match next {
-                    Some(Ok(change)) => {
-                        if state.changes.len() >= WATCHER_CHANGES_KEPT {
-                            state.changes.pop_front();
-                            state.dropped += 1;
-                        }
-                        state.changes.push_back(change);
-                    }
+                    Some(Ok(change)) => state.keep(change),
                     Some(Err(e)) => {
                         state.error = Some(e);
                         state.ended = true;
@@ -818,6 +993,7 @@ impl Daemon {
             .ok_or_else(|| DaemonError::NotFound(format!("no watcher {watcher_id}")))?;
         let (polls, error, ended) = {
             let mut state = polled.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.bytes = 0;
             let polls = Polls {
                 changes: state.changes.drain(..).collect(),
                 dropped: std::mem::take(&mut state.dropped),
@@ -856,6 +1032,7 @@ pub(crate) async fn list_all_of(
     sandbox: &LiveSandbox,
     path: &str,
     depth: u32,
+    xattrs: Option<String>,
 ) -> Result<Vec<FileInfo>, DaemonError> {
     let id = sandbox.id.as_str();
     let too_large = || {
@@ -872,6 +1049,7 @@ pub(crate) async fn list_all_of(
             path: path.to_owned(),
             depth,
             limit: LIST_ALL_MAX_ENTRIES,
+            xattrs,
         })
         .await
         .map_err(closed(id))?;
@@ -888,7 +1066,12 @@ pub(crate) async fn list_all_of(
                 for entry in chunk {
                     bytes += entry.path.len()
                         + entry.name.len()
-                        + entry.symlink_target.as_ref().map_or(0, String::len);
+                        + entry.symlink_target.as_ref().map_or(0, String::len)
+                        + entry
+                            .xattrs
+                            .iter()
+                            .map(|(name, value)| name.len() + value.len())
+                            .sum::<usize>();
                     if bytes > LIST_ALL_MAX_BYTES || entries.len() as u64 >= LIST_ALL_MAX_ENTRIES {
                         return Err(too_large());
                     }
@@ -907,4 +1090,66 @@ pub(crate) async fn list_all_of(
     }
     entries.sort_unstable_by(|a, b| a.path.cmp(&b.path));
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn change(name: &str, attrs: usize) -> Change {
+        let path = format!("/home/user/{name}");
+        let entry = FileInfo {
+            path: path.clone(),
+            name: name.to_owned(),
+            kind: airlock_protocol::FileKind::File,
+            size: 0,
+            mode: 0o644,
+            uid: 1000,
+            gid: 1000,
+            mtime_ns: 0,
+            symlink_target: None,
+            xattrs: std::collections::BTreeMap::from([(
+                "user.e2b.k".to_owned(),
+                "v".repeat(attrs),
+            )]),
+        };
+        Change {
+            kind: FsEventKind::Write,
+            path,
+            entry: Some(entry),
+        }
+    }
+
+    #[test]
+    fn polled_watchers_keep_a_bounded_count_and_size() {
+        let mut state = PolledState::default();
+        for i in 0..WATCHER_CHANGES_KEPT + 10 {
+            state.keep(change(&format!("f{i}"), 0));
+        }
+        assert_eq!(state.changes.len(), WATCHER_CHANGES_KEPT);
+        assert_eq!(state.dropped, 10);
+        assert_eq!(state.changes[0].path, "/home/user/f10");
+
+        // Large entries are dropped by size, oldest first, never the newest.
+        let mut state = PolledState::default();
+        let big = change("big", 4000);
+        let per = big.weight();
+        for _ in 0..(WATCHER_BYTES_KEPT / per + 5) {
+            state.keep(big.clone());
+        }
+        assert!(state.bytes <= WATCHER_BYTES_KEPT, "{}", state.bytes);
+        assert_eq!(state.bytes, state.changes.len() * per);
+        assert!(state.dropped >= 5);
+        let mut huge = PolledState::default();
+        huge.keep(change("huge", WATCHER_BYTES_KEPT * 2));
+        assert_eq!(huge.changes.len(), 1);
+    }
+
+    #[test]
+    fn only_what_is_still_there_carries_an_entry() {
+        use FsEventKind::*;
+        assert!(carries_entry(Create) && carries_entry(Write) && carries_entry(Chmod));
+        assert!(!carries_entry(Remove) && !carries_entry(Rename));
+    }
 }

@@ -294,6 +294,7 @@ impl DaemonError {
             ErrorKind::NoSpace => DaemonError::NoSpace(message),
             ErrorKind::Io => DaemonError::InSandbox(message),
             ErrorKind::UnsupportedVersion => DaemonError::Internal(message),
+            ErrorKind::Unsupported => DaemonError::Unsupported(message),
         }
     }
 }

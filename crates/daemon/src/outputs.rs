@@ -240,7 +240,7 @@ impl Daemon {
     ) -> Result<Collected, DaemonError> {
         let outputs = &self.inner.outputs;
         let id = sandbox.id.as_str();
-        let entries = match crate::files::list_all_of(sandbox, OUTPUTS_DIR, DEPTH).await {
+        let entries = match crate::files::list_all_of(sandbox, OUTPUTS_DIR, DEPTH, None).await {
             Ok(entries) => entries,
             Err(DaemonError::NotFound(_)) => Vec::new(),
             Err(e) => return Err(e),

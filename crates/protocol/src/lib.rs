@@ -37,9 +37,16 @@
 //! the range it speaks (`oldest`). Agents of version 1 refuse a greeting
 //! with a range (their `hello` knows only `version`) and stay usable: the
 //! host then greets them again as version 1 did; **3**, `extract` (a tar
-//! stream unpacked in the sandbox, for template builds).
+//! stream unpacked in the sandbox, for template builds); **4**, extended
+//! attributes (`xattrs` of `write_file`, `stat`, `list_dir_stream` and
+//! `watch`, reported in [`FileInfo::xattrs`]), entries attached to a
+//! watch's events (`entries`, [`Event::FsEvent`]'s `entry`), watches that
+//! refuse network filesystems (`local_only`) and the error kind
+//! `unsupported`. Every addition is optional and left out unless used, so
+//! a host of version 4 speaks to older agents as before as long as it
+//! sends none of them, and an agent sends them only when asked.
 //!
-//! The JSON schema of both directions is checked in as `schema/v3.json`
+//! The JSON schema of both directions is checked in as `schema/v4.json`
 //! (named after [`PROTOCOL_VERSION`]); a test fails when the types drift
 //! from it, so every change is deliberate.
 #![forbid(unsafe_code)]
@@ -56,7 +63,7 @@ pub use codec::{
 pub use messages::*;
 
 /// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The oldest protocol version this build still speaks.
 pub const OLDEST_PROTOCOL_VERSION: u32 = 1;

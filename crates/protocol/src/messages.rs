@@ -1,4 +1,4 @@
-//! The messages of the protocol (version 2; see [`crate::PROTOCOL_VERSION`]
+//! The messages of the protocol (version 4; see [`crate::PROTOCOL_VERSION`]
 //! for what changed since 1).
 
 use schemars::JsonSchema;
@@ -32,6 +32,15 @@ pub const MAX_LIST_DEPTH: u32 = 32;
 pub const MAX_LIST_PAGE: u32 = 10_000;
 /// Most entries a `list_dir_page` walks to find its page.
 pub const MAX_LIST_WALK: u64 = 1_000_000;
+/// Most bytes of extended attributes (full names and values) one
+/// [`FileInfo`] reports, and a `write_file` sets; attributes past it are
+/// left out. What e2b's envd lets an upload set fits it.
+pub const MAX_XATTR_BYTES: usize = 4096;
+
+/// Whether a flag is off (its default), so it is left out of the JSON.
+fn is_false(flag: &bool) -> bool {
+    !*flag
+}
 
 /// Host → agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -90,6 +99,13 @@ pub enum Request {
         append: bool,
         #[serde(default)]
         owner: Identity,
+        /// The extended attributes the file is left with (see [`Xattrs`]),
+        /// set before any of its content is written: when they cannot be
+        /// set, the write fails and the file is as it was (one it created
+        /// is removed). Absent, the file's attributes are left alone.
+        /// Added in version 4: an older agent refuses a write with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<Xattrs>,
     },
     /// A chunk of the file opened by the `write_file` (or the stream of the
     /// `extract`) with this id (payload).
@@ -105,8 +121,17 @@ pub enum Request {
     /// answer is `written` with the stream's length. What a template
     /// build's COPY sends. Added in version 3: an older agent refuses it.
     Extract { dir: String },
-    /// Answered by a final `stat`.
-    Stat { path: String },
+    /// Answered by a final `stat` (an `lstat`: a symlink is reported as
+    /// itself).
+    Stat {
+        path: String,
+        /// Report the extended attributes whose names start with this
+        /// prefix (which must start with `user.`) in the entry's `xattrs`,
+        /// read through a symlink to its target. Added in version 4: an
+        /// older agent refuses a `stat` with it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<String>,
+    },
     /// Lists a directory to `depth` levels (1 = direct children). Answered by
     /// `entries`, which must fit one frame: a large directory is refused.
     /// [`Request::ListDirPage`] and [`Request::ListDirStream`] list any size.
@@ -138,6 +163,10 @@ pub enum Request {
         path: String,
         depth: u32,
         limit: u64,
+        /// Report each entry's extended attributes with this prefix, as
+        /// `stat` does. Added in version 4.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<String>,
     },
     /// Creates a directory. Answered by `done`; `already_exists` error when it does.
     MakeDir {
@@ -184,6 +213,21 @@ pub enum Request {
         /// (an entry made just as its watch was added may be reported twice).
         #[serde(default)]
         recursive: bool,
+        /// Attach the `entry` of what a `create`, `write` or `chmod` is
+        /// about, as `stat` reports it then (absent when it is already
+        /// gone). `remove` and `rename` never carry one: their path names
+        /// what is no longer there. Added in version 4.
+        #[serde(default, skip_serializing_if = "is_false")]
+        entries: bool,
+        /// With `entries`, the prefix of the extended attributes the
+        /// entries report, as for `stat`. Added in version 4.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<String>,
+        /// Refuse (`invalid_argument`) to watch a directory on a network
+        /// filesystem (NFS, CIFS/SMB, FUSE), whose changes made elsewhere
+        /// inotify does not see. Added in version 4.
+        #[serde(default, skip_serializing_if = "is_false")]
+        local_only: bool,
     },
     /// Cancels the open request whose id is `target` (a `watch`): its stream
     /// ends with a final `done`. A no-op for any other or an unknown id.
@@ -298,6 +342,9 @@ pub enum Event {
         kind: FsEventKind,
         /// Absolute path inside the sandbox of the entry it happened to.
         path: String,
+        /// What the entry is now, when the `watch` asked for `entries`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        entry: Option<FileInfo>,
     },
 }
 
@@ -385,6 +432,27 @@ pub struct FileInfo {
     pub mtime_ns: i64,
     /// Target of a symlink, as stored.
     pub symlink_target: Option<String>,
+    /// The extended attributes the request asked for (by prefix), full
+    /// names to values; only those whose name and value are UTF-8, and at
+    /// most [`MAX_XATTR_BYTES`] of them. Left out when empty (always, for
+    /// a request that asked for none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
+}
+
+/// The extended attributes a `write_file` leaves on its file: of the
+/// attributes whose names start with `prefix` (which must start with
+/// `user.`), exactly `attrs` (full names, each starting with `prefix`, to
+/// values); others under the prefix are removed, and attributes outside
+/// it are left alone. An empty `attrs` clears the prefix (a filesystem
+/// without extended attributes then has nothing to clear); setting one
+/// where the filesystem has none fails with `unsupported`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Xattrs {
+    pub prefix: String,
+    #[serde(default)]
+    pub attrs: BTreeMap<String, String>,
 }
 
 /// What an `fs_event` reports. Each kernel (inotify) event becomes one
@@ -429,4 +497,7 @@ pub enum ErrorKind {
     /// The other end is closed (a process closed its stdin or exited).
     Closed,
     Io,
+    /// The filesystem cannot do what was asked (EOPNOTSUPP): extended
+    /// attributes where it has none. Sent only for what version 4 added.
+    Unsupported,
 }

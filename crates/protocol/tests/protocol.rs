@@ -83,7 +83,8 @@ fn final_events() {
     assert!(Event::Pong.is_final());
     assert!(!Event::FsEvent {
         kind: FsEventKind::Write,
-        path: "/a".into()
+        path: "/a".into(),
+        entry: None,
     }
     .is_final());
 }
@@ -95,6 +96,9 @@ async fn watch_and_cancel_round_trip() {
             Request::Watch {
                 path: "/home/user/src".into(),
                 recursive: true,
+                entries: false,
+                xattrs: None,
+                local_only: false,
             },
             r#"{"op":"watch","path":"/home/user/src","recursive":true}"#,
         ),
@@ -112,7 +116,10 @@ async fn watch_and_cancel_round_trip() {
         serde_json::from_str::<Request>(r#"{"op":"watch","path":"p"}"#).unwrap(),
         Request::Watch {
             path: "p".into(),
-            recursive: false
+            recursive: false,
+            entries: false,
+            xattrs: None,
+            local_only: false,
         }
     );
     assert!(serde_json::from_str::<Request>(r#"{"op":"cancel","target":1,"x":0}"#).is_err());
@@ -128,6 +135,7 @@ async fn watch_and_cancel_round_trip() {
         let event = Event::FsEvent {
             kind,
             path: "/home/user/a.txt".into(),
+            entry: None,
         };
         let json = format!(r#"{{"event":"fs_event","kind":"{name}","path":"/home/user/a.txt"}}"#);
         assert_eq!(serde_json::to_string(&event).unwrap(), json);
@@ -153,6 +161,7 @@ async fn watch_and_cancel_round_trip() {
         Event::FsEvent {
             kind: FsEventKind::Rename,
             path: "/x".into(),
+            entry: None,
         },
     ))
     .unwrap();
@@ -275,4 +284,88 @@ async fn raw_frames_are_relayed_byte_for_byte() {
         read_frame_bytes(&mut reader).await,
         Err(FrameError::HeaderTooLarge(_))
     ));
+}
+
+/// What version 4 added is left out unless used, so a host speaks to
+/// older agents (which refuse unknown fields) as before, and an agent
+/// that was asked for none answers as before.
+#[test]
+fn version_4_additions_are_left_out_unless_used() {
+    let plain = [
+        (
+            Request::Stat {
+                path: "/a".into(),
+                xattrs: None,
+            },
+            r#"{"op":"stat","path":"/a"}"#,
+        ),
+        (
+            Request::ListDirStream {
+                path: "/a".into(),
+                depth: 1,
+                limit: 5,
+                xattrs: None,
+            },
+            r#"{"op":"list_dir_stream","path":"/a","depth":1,"limit":5}"#,
+        ),
+        (
+            Request::WriteFile {
+                path: "/a".into(),
+                mode: None,
+                create_parents: false,
+                append: false,
+                owner: airlock_protocol::Identity::User,
+                xattrs: None,
+            },
+            r#"{"op":"write_file","path":"/a","mode":null,"create_parents":false,"append":false,"owner":"user"}"#,
+        ),
+    ];
+    for (request, json) in &plain {
+        assert_eq!(serde_json::to_string(request).unwrap(), *json);
+        assert_eq!(&serde_json::from_str::<Request>(json).unwrap(), request);
+    }
+    let info = airlock_protocol::FileInfo {
+        path: "/a".into(),
+        name: "a".into(),
+        kind: airlock_protocol::FileKind::File,
+        size: 1,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        mtime_ns: 0,
+        symlink_target: None,
+        xattrs: Default::default(),
+    };
+    assert!(!serde_json::to_string(&info).unwrap().contains("xattrs"));
+
+    let used = Request::Watch {
+        path: "/a".into(),
+        recursive: false,
+        entries: true,
+        xattrs: Some("user.e2b.".into()),
+        local_only: true,
+    };
+    let json = serde_json::to_string(&used).unwrap();
+    assert_eq!(
+        json,
+        r#"{"op":"watch","path":"/a","recursive":false,"entries":true,"xattrs":"user.e2b.","local_only":true}"#
+    );
+    assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), used);
+    let mut tagged = info.clone();
+    tagged.xattrs.insert("user.e2b.k".into(), "v".into());
+    let event = Event::FsEvent {
+        kind: FsEventKind::Create,
+        path: "/a".into(),
+        entry: Some(tagged),
+    };
+    let json = serde_json::to_string(&event).unwrap();
+    assert!(json.contains(r#""xattrs":{"user.e2b.k":"v"}"#), "{json}");
+    assert_eq!(serde_json::from_str::<Event>(&json).unwrap(), event);
+    let write = r#"{"op":"write_file","path":"/a","xattrs":{"prefix":"user.e2b.","attrs":{"user.e2b.k":"v"}}}"#;
+    match serde_json::from_str::<Request>(write).unwrap() {
+        Request::WriteFile {
+            xattrs: Some(set), ..
+        } => assert_eq!(set.attrs["user.e2b.k"], "v"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -15,18 +15,19 @@
 //! UTF-8 (shown with U+FFFD) are neither merged nor skipped: the resume
 //! token is the last path's bytes in URL-safe base64.
 
-use super::file_info;
+use super::{file_info, xattrs};
 use crate::failure::Failure;
 use airlock_protocol::{
     ErrorKind, FileInfo, MAX_HEADER_BYTES, MAX_LIST_DEPTH, MAX_LIST_PAGE, MAX_LIST_WALK,
 };
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 use std::ffi::OsString;
 use std::fs::{self, FileType, ReadDir};
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Estimated bytes of a page's candidates before the heap drops the
@@ -59,6 +60,11 @@ pub(super) struct Walk {
     depth: u32,
     /// The open directories, outermost first, with their level (1 = root).
     open: Vec<(ReadDir, u32)>,
+    /// The prefix of the extended attributes each entry reports.
+    xattrs: Option<String>,
+    /// Whether each filesystem met (by device) may hold attributes: one
+    /// that has none is not asked again for each of its entries.
+    xattr_devices: HashMap<u64, bool>,
 }
 
 impl Walk {
@@ -79,7 +85,16 @@ impl Walk {
         Ok(Walk {
             depth,
             open: vec![(reader, 1)],
+            xattrs: None,
+            xattr_devices: HashMap::new(),
         })
+    }
+
+    /// The walk, its entries reporting their extended attributes under
+    /// `prefix` (checked by the caller).
+    pub(super) fn reporting_xattrs(mut self, prefix: Option<String>) -> Walk {
+        self.xattrs = prefix;
+        self
     }
 
     /// The next entry: its path and type (from the directory entry, so a
@@ -112,9 +127,23 @@ impl Walk {
     fn next_info(&mut self) -> Option<FileInfo> {
         loop {
             let (path, _) = self.next_entry()?;
-            if let Ok(meta) = fs::symlink_metadata(&path) {
-                return Some(file_info(&path, &meta));
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            let mut info = file_info(&path, &meta);
+            if let Some(prefix) = &self.xattrs {
+                // A symlink's attributes are its target's, which may be on
+                // any filesystem.
+                let may_hold = meta.file_type().is_symlink()
+                    || *self
+                        .xattr_devices
+                        .entry(meta.dev())
+                        .or_insert_with(|| xattrs::supported(&path, prefix));
+                if may_hold {
+                    info.xattrs = xattrs::read(&path, prefix);
+                }
             }
+            return Some(info);
         }
     }
 

@@ -1,6 +1,6 @@
-//! AIO file calls: read, write, list, find, grep and download, through
-//! the daemon's file operations (the agent, inside the sandbox): the
-//! host never opens a path a sandbox names.
+//! AIO file calls: read, write, replace, search, list, find, grep and
+//! download, through the daemon's file operations (the agent, inside the
+//! sandbox): the host never opens a path a sandbox names.
 
 use super::sandbox::{daemon_failed, Aio, AioJson, Target};
 use super::{failed, ok};
@@ -123,7 +123,6 @@ pub(super) async fn write(
     if request.trailing_newline {
         data.push(b'\n');
     }
-    let limit = aio.api.daemon.config().max_upload_bytes;
     if request.append {
         match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
             Ok(mut before) => {
@@ -135,25 +134,128 @@ pub(super) async fn write(
         }
     }
     let written = data.len();
+    match write_whole(&aio, &id, &request.file, data, &request_id.0).await {
+        Ok(()) => ok(json!({"file": request.file, "bytes_written": written})),
+        Err(e) => daemon_failed(e),
+    }
+}
+
+/// Writes `data` as the whole of `path`, atomically (parents made), within
+/// the daemon's upload limit.
+async fn write_whole(
+    aio: &Aio,
+    id: &str,
+    path: &str,
+    data: Vec<u8>,
+    request_id: &str,
+) -> Result<(), DaemonError> {
+    let limit = aio.api.daemon.config().max_upload_bytes;
     let stream = futures_util::stream::iter([Ok::<Vec<u8>, std::io::Error>(data)]);
-    match aio
-        .api
+    aio.api
         .daemon
         .write_file(
-            &id,
-            &request.file,
+            id,
+            path,
             None,
             None,
             WriteMode::Atomic,
+            None,
             stream,
             limit,
-            &request_id.0,
+            request_id,
         )
         .await
-    {
-        Ok(_) => ok(json!({"file": request.file, "bytes_written": written})),
+        .map(|_| ())
+}
+
+#[derive(Deserialize)]
+pub(super) struct Replace {
+    file: String,
+    old_str: String,
+    new_str: String,
+}
+
+/// `POST /v1/file/replace`: every occurrence of `old_str` becomes
+/// `new_str` (bytes for bytes: a file that is not UTF-8 keeps the rest of
+/// its bytes), written back atomically; `replaced_count` says how many.
+/// A file without `old_str` is left untouched.
+pub(super) async fn replace(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    AioJson(request): AioJson<Replace>,
+) -> Response {
+    if request.old_str.is_empty() {
+        return failed(StatusCode::BAD_REQUEST, "old_str must not be empty");
+    }
+    let content = match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
+        Ok(content) => content,
+        Err(e) => return daemon_failed(e),
+    };
+    let (replaced, count) = replace_all(
+        &content,
+        request.old_str.as_bytes(),
+        request.new_str.as_bytes(),
+    );
+    if count == 0 {
+        return ok(json!({"file": request.file, "replaced_count": 0}));
+    }
+    match write_whole(&aio, &id, &request.file, replaced, &request_id.0).await {
+        Ok(()) => ok(json!({"file": request.file, "replaced_count": count})),
         Err(e) => daemon_failed(e),
     }
+}
+
+/// `content` with every `old` (not overlapping, left to right) replaced by
+/// `new`, and how many there were.
+fn replace_all(content: &[u8], old: &[u8], new: &[u8]) -> (Vec<u8>, usize) {
+    let mut out = Vec::with_capacity(content.len());
+    let mut count = 0;
+    let mut rest = content;
+    while let Some(at) = memchr::memmem::find(rest, old) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(new);
+        rest = &rest[at + old.len()..];
+        count += 1;
+    }
+    out.extend_from_slice(rest);
+    (out, count)
+}
+
+#[derive(Deserialize)]
+pub(super) struct Search {
+    file: String,
+    regex: String,
+}
+
+/// `POST /v1/file/search`: the lines of `file` that match `regex`, and
+/// their numbers (1-based, as `grep -n` and this API's grep count).
+pub(super) async fn search(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    AioJson(request): AioJson<Search>,
+) -> Response {
+    let matcher = match regex::RegexBuilder::new(&request.regex)
+        .size_limit(1 << 20)
+        .build()
+    {
+        Ok(matcher) => matcher,
+        Err(e) => return failed(StatusCode::BAD_REQUEST, format!("regex: {e}")),
+    };
+    let content = match read_whole(&aio, &id, &request.file, MAX_READ, &request_id.0).await {
+        Ok(content) => content,
+        Err(e) => return daemon_failed(e),
+    };
+    let text = String::from_utf8_lossy(&content);
+    let (mut matches, mut numbers) = (Vec::new(), Vec::new());
+    for (number, line) in text.lines().enumerate() {
+        if matcher.is_match(line) {
+            matches.push(line);
+            numbers.push(number + 1);
+        }
+    }
+    ok(json!({"file": request.file, "matches": matches, "line_numbers": numbers}))
 }
 
 #[derive(Deserialize)]
@@ -197,7 +299,7 @@ fn info(entry: &FileInfo) -> serde_json::Value {
 /// Every entry under `path`, `depth` levels down (at most
 /// [`MAX_ENTRIES`]).
 async fn walk(aio: &Aio, id: &str, path: &str, depth: u32) -> Result<Vec<FileInfo>, DaemonError> {
-    let mut entries = aio.api.daemon.list_dir_all(id, path, depth).await?;
+    let mut entries = aio.api.daemon.list_dir_all(id, path, depth, None).await?;
     entries.truncate(MAX_ENTRIES);
     Ok(entries)
 }
@@ -502,6 +604,17 @@ pub(super) async fn download(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn replace_all_counts_and_keeps_other_bytes() {
+        let (out, n) = super::replace_all(b"a-b-a\xff-aa", b"a", b"xy");
+        assert_eq!(n, 4);
+        assert_eq!(out, b"xy-b-xy\xff-xyxy");
+        let (out, n) = super::replace_all(b"aaa", b"aa", b"b");
+        assert_eq!((out.as_slice(), n), (&b"ba"[..], 1));
+        let (out, n) = super::replace_all(b"none", b"zz", b"y");
+        assert_eq!((out.as_slice(), n), (&b"none"[..], 0));
+    }
+
     use super::*;
 
     #[test]

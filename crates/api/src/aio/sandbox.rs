@@ -46,6 +46,8 @@ pub(super) fn router(api: Api, sessions: Sessions) -> Router {
         .route("/v1/bash/exec", post(bash_exec))
         .route("/v1/file/read", post(super::files::read))
         .route("/v1/file/write", post(super::files::write))
+        .route("/v1/file/replace", post(super::files::replace))
+        .route("/v1/file/search", post(super::files::search))
         .route("/v1/file/list", post(super::files::list))
         .route("/v1/file/find", post(super::files::find))
         .route("/v1/file/grep", post(super::files::grep))

@@ -16,12 +16,14 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The envd version every airlock sandbox reports. The SDKs gate features
-/// on it: at 0.5.7 they send no explicit `username` (0.4.0: the default
-/// user is envd's), may close stdin (0.5.2) and upload files as
-/// `application/octet-stream` (0.5.7); they refuse file metadata (0.6.2),
-/// entry info in watch events (0.6.3) and network-mount watches (0.6.4) on
-/// the client side, which the in-sandbox routes do not implement.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// on it, and each one they unlock up to here is served: they send no
+/// explicit `username` (0.4.0: the default user is envd's), may close
+/// stdin (0.5.2), upload files as `application/octet-stream` (0.5.7),
+/// attach file metadata to uploads as `X-Metadata-*` headers (0.6.2),
+/// ask watches for the entry of each event (`includeEntry`, 0.6.3) and
+/// allow watches on network mounts (`allowNetworkMounts`, 0.6.4). The SDKs
+/// (Python 2.63, JS 2.51) gate nothing past 0.6.4.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// `clientID` of every sandbox (e2b's legacy field; one node here).
 pub const CLIENT_ID: &str = "airlock";

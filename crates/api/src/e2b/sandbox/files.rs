@@ -3,18 +3,29 @@
 //! `application/octet-stream`), both streamed through the daemon, whose
 //! uploads create parents and appear whole or not at all.
 //!
+//! An upload's `X-Metadata-<key>: <value>` headers are the metadata of
+//! every file it writes, kept as the file's `user.e2b.<key>` extended
+//! attributes (keys lowercased, both printable ASCII, a key at most 246
+//! bytes and all of it at most 4096, as envd takes them): an upload
+//! replaces the file's whole set, so one without such headers clears it,
+//! and a rename keeps it. The answer's entries carry it as `metadata`.
+//! A filesystem without user extended attributes (every file of a gVisor
+//! sandbox) cannot keep metadata: such an upload is refused (501) and
+//! leaves the file as it was, where envd would write the file without it.
+//!
 //! Errors are envd's `{"code": <HTTP status>, "message"}`. A URL may be
 //! *signed* instead of carrying credentials, as the SDKs' `download_url`
 //! and `upload_url` make them: `signature=v1_<base64 of SHA-256 of
 //! "path:operation:username:access_token[:expiration]">`, with
 //! `signature_expiration` in Unix seconds when it expires.
 
-use super::{absolute, run_as, Target};
+use super::{absolute, run_as, Target, METADATA_XATTR_PREFIX};
 use crate::error::ApiError;
 use crate::{Api, RequestId};
 use airlock_daemon::tokens::same_secret;
 use airlock_daemon::DaemonError;
 use airlock_policy::RunAs;
+use airlock_protocol::Xattrs;
 use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -26,6 +37,7 @@ use futures_util::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 
 /// An envd `/files` error answer.
 #[derive(Debug)]
@@ -72,6 +84,56 @@ impl IntoResponse for FilesError {
 }
 
 type Result<T> = std::result::Result<T, FilesError>;
+
+/// The header prefix of an upload's metadata entries.
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+/// Longest metadata key: the kernel's 255-byte attribute name less the
+/// prefix.
+const MAX_METADATA_KEY: usize = 255 - METADATA_XATTR_PREFIX.len();
+/// Most bytes of one file's metadata, counted as envd does: the prefixed
+/// name and the value of every entry (what one ext4 block holds).
+const MAX_METADATA_BYTES: usize = 4096;
+
+/// The metadata of an upload, from its `X-Metadata-<key>` headers (the
+/// first of a repeated one): keys lowercased, checked as envd checks them.
+fn metadata_of(headers: &HeaderMap) -> Result<BTreeMap<String, String>> {
+    let invalid = |why: String| FilesError::bad(format!("invalid metadata: {why}"));
+    let mut metadata = BTreeMap::new();
+    for (name, value) in headers {
+        // Header names are lowercase tokens already.
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        if key.is_empty() || metadata.contains_key(key) {
+            continue;
+        }
+        if key.len() > MAX_METADATA_KEY {
+            return Err(invalid(format!(
+                "metadata key {key:?} exceeds {MAX_METADATA_KEY} bytes"
+            )));
+        }
+        let bytes = value.as_bytes();
+        if let Some(at) = bytes.iter().position(|b| !(0x20..=0x7e).contains(b)) {
+            return Err(invalid(format!(
+                "metadata value for key {key:?} contains non-printable-ASCII byte \
+                 0x{:02x} at offset {at}",
+                bytes[at]
+            )));
+        }
+        let value = String::from_utf8_lossy(bytes).into_owned();
+        metadata.insert(key.to_owned(), value);
+    }
+    let total: usize = metadata
+        .iter()
+        .map(|(key, value)| METADATA_XATTR_PREFIX.len() + key.len() + value.len())
+        .sum();
+    if total > MAX_METADATA_BYTES {
+        return Err(invalid(format!(
+            "total metadata size {total} exceeds {MAX_METADATA_BYTES} bytes"
+        )));
+    }
+    Ok(metadata)
+}
 
 /// The query of `/files`.
 #[derive(Debug, Default, Deserialize)]
@@ -268,6 +330,7 @@ pub async fn upload(
             credentialed(caller.as_ref()),
         )?;
         let user = user_of(&query)?;
+        let metadata = metadata_of(&headers)?;
         let request_id = request_id.map(|Extension(r)| r.0).unwrap_or_default();
         let gzipped = match headers
             .get(header::CONTENT_ENCODING)
@@ -296,6 +359,7 @@ pub async fn upload(
             user,
             limit,
             request_id: &request_id,
+            metadata: &metadata,
             // envd writes uploads in place (watchers see a write, not a
             // rename); a gzip body can turn out corrupt halfway, so it goes
             // to a temporary name first and leaves the old file alone.
@@ -357,11 +421,17 @@ pub async fn upload(
                 .map(|r| r.map_err(|e| e.to_string()));
             written.push(write.write(path, Box::pin(data)).await?);
         }
+        // The metadata is on each file as asked (a write that could not set
+        // it failed), so it is answered without reading it back.
         let entries: Vec<serde_json::Value> = written
             .iter()
             .map(|path| {
                 let name = path.rsplit('/').next().unwrap_or(path);
-                json!({"path": path, "name": name, "type": "file"})
+                let mut entry = json!({"path": path, "name": name, "type": "file"});
+                if !metadata.is_empty() {
+                    entry["metadata"] = json!(metadata);
+                }
+                entry
             })
             .collect();
         Ok((StatusCode::OK, Json(entries)).into_response())
@@ -378,6 +448,8 @@ struct Writer<'a> {
     limit: u64,
     request_id: &'a str,
     mode: airlock_daemon::files::WriteMode,
+    /// The metadata every file written is left with (none clears it).
+    metadata: &'a BTreeMap<String, String>,
 }
 
 impl Writer<'_> {
@@ -393,6 +465,16 @@ impl Writer<'_> {
                 None,
                 self.user,
                 self.mode,
+                Some(Xattrs {
+                    prefix: METADATA_XATTR_PREFIX.to_owned(),
+                    attrs: self
+                        .metadata
+                        .iter()
+                        .map(|(key, value)| {
+                            (format!("{METADATA_XATTR_PREFIX}{key}"), value.clone())
+                        })
+                        .collect(),
+                }),
                 data,
                 self.limit,
                 self.request_id,
@@ -812,6 +894,51 @@ mod tests {
             assert!(error.message.contains("too long"), "{}", error.message);
             assert!(multipart.buffer.len() <= MAX_PART_HEADERS + chunk.len() + 2);
         }
+    }
+
+    #[test]
+    fn metadata_headers_are_checked_as_envd_checks_them() {
+        let mut headers = HeaderMap::new();
+        assert!(metadata_of(&headers).unwrap().is_empty());
+        headers.insert("X-Metadata-Author", "Mish U".parse().unwrap());
+        headers.append("x-metadata-author", "second".parse().unwrap());
+        headers.insert("x-metadata-", "no key".parse().unwrap());
+        headers.insert("x-other", "x".parse().unwrap());
+        assert_eq!(
+            metadata_of(&headers).unwrap(),
+            BTreeMap::from([("author".to_owned(), "Mish U".to_owned())])
+        );
+        let mut tab = HeaderMap::new();
+        tab.insert("x-metadata-k", HeaderValue::from_bytes(b"a\tb").unwrap());
+        let error = metadata_of(&tab).unwrap_err();
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(
+            error.message.starts_with("invalid metadata: "),
+            "{}",
+            error.message
+        );
+        let mut long = HeaderMap::new();
+        let key = format!("x-metadata-{}", "k".repeat(MAX_METADATA_KEY + 1));
+        long.insert(
+            axum::http::HeaderName::from_bytes(key.as_bytes()).unwrap(),
+            "v".parse().unwrap(),
+        );
+        assert!(metadata_of(&long)
+            .unwrap_err()
+            .message
+            .contains("exceeds 246 bytes"));
+        let mut big = HeaderMap::new();
+        for i in 0..5 {
+            let name = format!("x-metadata-k{i}");
+            big.insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(&"v".repeat(1000)).unwrap(),
+            );
+        }
+        assert!(metadata_of(&big)
+            .unwrap_err()
+            .message
+            .contains("exceeds 4096 bytes"));
     }
 
     #[test]

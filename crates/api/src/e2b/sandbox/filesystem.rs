@@ -1,12 +1,21 @@
 //! `filesystem.Filesystem`: file operations in the sandbox, translated onto
 //! the daemon's (carried out by the agent inside). Entries are envd's
 //! `EntryInfo` in protobuf JSON: camelCase names, enums by name, `size` (an
-//! int64) as a string, `modifiedTime` as an RFC 3339 timestamp.
+//! int64) as a string, `modifiedTime` as an RFC 3339 timestamp, and
+//! `metadata` the file's `user.e2b.*` extended attributes without the
+//! prefix (what an upload's `X-Metadata-*` headers set, see [`super::files`]).
+//!
+//! Watches (`WatchDir`, `CreateWatcher`) attach the entry to `create`,
+//! `write` and `chmod` events when asked (`includeEntry`, as envd 0.6.3
+//! does; `remove` and `rename` never carry one), and refuse a directory on
+//! a network filesystem unless `allowNetworkMounts` (envd 0.6.4). Volumes
+//! and `/mnt/user-data` are bind mounts of local directories, so they are
+//! watched like any other directory.
 
 use super::connect::{self, Code, ConnectError, StreamOptions};
-use super::{absolute, basic_user, Target};
+use super::{absolute, basic_user, Target, METADATA_XATTR_PREFIX};
 use crate::Api;
-use airlock_daemon::files::Change;
+use airlock_daemon::files::{Change, WatchOptions};
 use airlock_protocol::{FileInfo, FileKind, FsEventKind};
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -15,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 type Result<T> = std::result::Result<T, ConnectError>;
 
@@ -29,9 +39,26 @@ struct FsRequest {
     recursive: bool,
     #[serde(alias = "include_entry")]
     include_entry: bool,
+    #[serde(alias = "allow_network_mounts")]
+    allow_network_mounts: bool,
     #[serde(alias = "watcher_id")]
     watcher_id: String,
 }
+
+impl FsRequest {
+    /// What a `WatchDir` or `CreateWatcher` asks of the watch.
+    fn watch_options(&self) -> WatchOptions {
+        WatchOptions {
+            recursive: self.recursive,
+            entries: self.include_entry,
+            xattrs: Some(METADATA_XATTR_PREFIX.to_owned()),
+            local_only: !self.allow_network_mounts,
+        }
+    }
+}
+
+/// The prefix of the attributes an entry reports.
+const XATTRS: Option<&str> = Some(METADATA_XATTR_PREFIX);
 
 /// Serves `POST /filesystem.Filesystem/{method}`.
 pub async fn call(
@@ -78,7 +105,7 @@ async fn unary(
     let answer = match method {
         "Stat" => {
             let path = absolute(&request.path, user)?;
-            json!({"entry": entry(&daemon.stat(id, &path).await?)})
+            json!({"entry": entry(&daemon.stat_with_xattrs(id, &path, XATTRS).await?)})
         }
         "MakeDir" => {
             let path = absolute(&request.path, user)?;
@@ -89,18 +116,20 @@ async fn unary(
                 ));
             }
             daemon.make_dir(id, &path, true, user).await?;
-            json!({"entry": entry(&daemon.stat(id, &path).await?)})
+            json!({"entry": entry(&daemon.stat_with_xattrs(id, &path, XATTRS).await?)})
         }
         "Move" => {
             let from = absolute(&request.source, user)?;
             let to = absolute(&request.destination, user)?;
-            json!({"entry": entry(&daemon.move_path(id, &from, &to).await?)})
+            json!({"entry": entry(&daemon.move_path(id, &from, &to, XATTRS).await?)})
         }
         "ListDir" => {
             // envd has no pages: the whole listing, up to the daemon's cap,
             // encoded entry by entry without a second copy as JSON values.
             let path = absolute(&request.path, user)?;
-            let entries = daemon.list_dir_all(id, &path, request.depth.max(1)).await?;
+            let entries = daemon
+                .list_dir_all(id, &path, request.depth.max(1), XATTRS)
+                .await?;
             return Ok(connect::unary_response(&ListDirResponse {
                 entries: &entries,
             }));
@@ -112,7 +141,9 @@ async fn unary(
         }
         "CreateWatcher" => {
             let path = absolute(&request.path, user)?;
-            let watcher_id = daemon.create_watcher(id, &path, request.recursive).await?;
+            let watcher_id = daemon
+                .create_watcher(id, &path, &request.watch_options())
+                .await?;
             json!({"watcherId": format!("{watcher_id}:{path}")})
         }
         "GetWatcherEvents" => {
@@ -127,7 +158,7 @@ async fn unary(
                 .changes
                 .iter()
                 .filter(|change| !is_upload_temp(&change.path))
-                .map(|change| fs_event(dir, change, None))
+                .map(|change| fs_event(dir, change))
                 .collect();
             json!({ "events": events })
         }
@@ -148,13 +179,10 @@ async fn watch_dir(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Resu
     let user = basic_user(headers)?;
     let dir = absolute(&request.path, user)?;
     let deadline = connect::timeout(headers)?;
-    let watcher = api.daemon.watch(id, &dir, request.recursive).await?;
+    let watcher = api.daemon.watch(id, &dir, &request.watch_options()).await?;
     let start = futures_util::stream::once(async { Ok(json!({"start": {}})) });
-    let daemon = api.daemon.clone();
     let id = id.to_owned();
-    let include_entry = request.include_entry;
     let changes = futures_util::stream::unfold(Some(watcher), move |watcher| {
-        let daemon = daemon.clone();
         let id = id.clone();
         let dir = dir.clone();
         async move {
@@ -165,12 +193,7 @@ async fn watch_dir(api: &Api, id: &str, headers: &HeaderMap, body: Body) -> Resu
             }
             match next {
                 Some(Ok(change)) => {
-                    let info = if include_entry && change.kind != FsEventKind::Remove {
-                        daemon.stat(&id, &change.path).await.ok()
-                    } else {
-                        None
-                    };
-                    let event = fs_event(&dir, &change, info.as_ref());
+                    let event = fs_event(&dir, &change);
                     Some((Ok(json!({ "filesystem": event })), Some(watcher)))
                 }
                 Some(Err(e)) => Some((Err(ConnectError::from(e)), None)),
@@ -203,8 +226,9 @@ fn is_upload_temp(path: &str) -> bool {
         .is_some_and(|name| name.starts_with('.') && name.contains(".airlock-upload-"))
 }
 
-/// A `FilesystemEvent`; `name` is relative to the watched directory.
-fn fs_event(dir: &str, change: &Change, info: Option<&FileInfo>) -> Value {
+/// A `FilesystemEvent`; `name` is relative to the watched directory, and
+/// `entry` is there when the watch asked for entries and the change has one.
+fn fs_event(dir: &str, change: &Change) -> Value {
     let prefix = format!("{}/", dir.trim_end_matches('/'));
     let name = change
         .path
@@ -219,7 +243,7 @@ fn fs_event(dir: &str, change: &Change, info: Option<&FileInfo>) -> Value {
         FsEventKind::Chmod => "EVENT_TYPE_CHMOD",
     };
     let mut event = json!({"name": name, "type": kind});
-    if let Some(info) = info {
+    if let Some(info) = &change.entry {
         event["entry"] = entry(info);
     }
     event
@@ -273,6 +297,10 @@ struct EntryInfo<'a> {
     is_symlink: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     symlink_target: Option<&'a str>,
+    /// The `user.e2b.*` attributes without the prefix; left out when there
+    /// are none (as protobuf JSON leaves out an empty map).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    metadata: BTreeMap<&'a str, &'a str>,
 }
 
 impl<'a> From<&'a FileInfo> for EntryInfo<'a> {
@@ -294,6 +322,14 @@ impl<'a> From<&'a FileInfo> for EntryInfo<'a> {
             modified_time: timestamp(info.mtime_ns),
             is_symlink: info.kind == FileKind::Symlink,
             symlink_target: info.symlink_target.as_deref(),
+            metadata: info
+                .xattrs
+                .iter()
+                .filter_map(|(name, value)| {
+                    let key = name.strip_prefix(METADATA_XATTR_PREFIX)?;
+                    Some((key, value.as_str()))
+                })
+                .collect(),
         }
     }
 }
@@ -332,6 +368,7 @@ mod tests {
             gid: 1000,
             mtime_ns: 1_700_000_000_123_000_000,
             symlink_target: None,
+            xattrs: BTreeMap::new(),
         }
     }
 
@@ -367,14 +404,45 @@ mod tests {
 
     #[test]
     fn events_name_paths_under_the_watched_directory() {
-        let change = Change {
+        let mut change = Change {
             kind: FsEventKind::Create,
             path: "/home/user/d/sub/f".into(),
+            entry: None,
         };
         assert_eq!(
-            fs_event("/home/user/d/", &change, None),
+            fs_event("/home/user/d/", &change),
             json!({"name": "sub/f", "type": "EVENT_TYPE_CREATE"})
         );
+        change.entry = Some(info(FileKind::File));
+        let event = fs_event("/home/user/d", &change);
+        assert_eq!(event["entry"], entry(&info(FileKind::File)));
+    }
+
+    #[test]
+    fn metadata_is_the_e2b_attributes_without_their_prefix() {
+        let mut tagged = info(FileKind::File);
+        tagged.xattrs = BTreeMap::from([
+            ("user.e2b.author".to_owned(), "me".to_owned()),
+            ("user.e2b.purpose".to_owned(), "a test".to_owned()),
+        ]);
+        let value = entry(&tagged);
+        assert_eq!(
+            value["metadata"],
+            json!({"author": "me", "purpose": "a test"})
+        );
+        assert!(entry(&info(FileKind::File)).get("metadata").is_none());
+    }
+
+    #[test]
+    fn watches_refuse_network_mounts_unless_allowed() {
+        let plain: FsRequest = connect::decode(br#"{"path":"/a","includeEntry":true}"#).unwrap();
+        let options = plain.watch_options();
+        assert!(options.local_only && options.entries);
+        assert_eq!(options.xattrs.as_deref(), Some("user.e2b."));
+        let allowed: FsRequest =
+            connect::decode(br#"{"path":"/a","allowNetworkMounts":true}"#).unwrap();
+        assert!(!allowed.watch_options().local_only);
+        assert!(!allowed.watch_options().entries);
     }
 
     #[test]

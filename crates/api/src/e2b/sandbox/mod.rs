@@ -48,6 +48,11 @@ pub use files::{is_signed as files_signed, signer as files_signer};
 
 /// envd's port inside an e2b sandbox.
 pub const ENVD_PORT: u16 = 49983;
+/// The namespace of the extended attributes that hold a file's e2b
+/// metadata (what an upload's `X-Metadata-<key>` headers set and an
+/// `EntryInfo`'s `metadata` shows), as envd keeps it: `user.` is the
+/// namespace a file's owner may write, `e2b.` keeps other tools' out.
+pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
 /// The code interpreter's port inside an e2b sandbox.
 pub const CODE_INTERPRETER_PORT: u16 = 49999;
 
