@@ -786,10 +786,16 @@ impl Processes {
     /// Closes the descriptors of the terminal of `pid` that the table holds
     /// (the one to resize and, by ending its stdin task, the writer); with
     /// the reader the pump dropped, the master is closed and the terminal
-    /// hangs up.
+    /// hangs up. Its process group gets the SIGHUP of the hangup first, so
+    /// a process blocked writing to the full terminal dies of it, as it
+    /// would of a hangup, rather than of the write error (EIO) that a
+    /// closed master makes race the signal (one that ignores SIGHUP still
+    /// gets the error).
     fn hang_up(&self, pid: u32) {
         let mut table = locked(&self.table);
         if let Some(entry) = table.running.get_mut(&pid) {
+            // As `signal` does: the entry is live, so the pid is its own.
+            let _ = kill_group(pid, libc::SIGHUP);
             entry.terminal = Terminal::HungUp;
             entry.stdin = Stdin::Closed;
         }
