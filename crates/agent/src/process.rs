@@ -601,21 +601,15 @@ impl Processes {
         let _ = self.outbox.send(id, Event::Started { pid }).await;
         let out_pump = if on_terminal {
             let this = Arc::clone(&self);
-            let pumped = pump(
+            tokio::spawn(pump(
                 self.outbox.clone(),
                 id,
                 Stream::Pty,
                 stdout,
                 output_limit,
                 exited_rx.clone(),
-            );
-            tokio::spawn(async move {
-                let cut = pumped.await;
-                if cut {
-                    this.hang_up(pid);
-                }
-                cut
-            })
+                Some(Box::new(move || this.hang_up(pid))),
+            ))
         } else {
             tokio::spawn(pump(
                 self.outbox.clone(),
@@ -624,6 +618,7 @@ impl Processes {
                 stdout,
                 output_limit,
                 exited_rx.clone(),
+                None,
             ))
         };
         let err_pump = tokio::spawn(pump(
@@ -633,6 +628,7 @@ impl Processes {
             stderr,
             output_limit,
             exited_rx,
+            None,
         ));
 
         let mut timed_out = false;
@@ -784,18 +780,20 @@ impl Processes {
     }
 
     /// Closes the descriptors of the terminal of `pid` that the table holds
-    /// (the one to resize and, by ending its stdin task, the writer); with
-    /// the reader the pump dropped, the master is closed and the terminal
-    /// hangs up. Its process group gets the SIGHUP of the hangup first, so
-    /// a process blocked writing to the full terminal dies of it, as it
-    /// would of a hangup, rather than of the write error (EIO) that a
-    /// closed master makes race the signal (one that ignores SIGHUP still
-    /// gets the error).
+    /// (the one to resize and, by ending its stdin task, the writer); once
+    /// the pump that calls this drops the reader, the master is closed and
+    /// the terminal hangs up. Its process group gets the SIGHUP of the
+    /// hangup first, while the master is still open, so a process blocked
+    /// writing to the full terminal dies of it, as it would of a hangup,
+    /// rather than of the write error (EIO) a closed master makes race the
+    /// signal (one that ignores SIGHUP still gets the error).
     fn hang_up(&self, pid: u32) {
         let mut table = locked(&self.table);
         if let Some(entry) = table.running.get_mut(&pid) {
-            // As `signal` does: the entry is live, so the pid is its own.
-            let _ = kill_group(pid, libc::SIGHUP);
+            // As `signal` does: an entry not reaped has its own pid.
+            if !entry.reaped {
+                let _ = kill_group(pid, libc::SIGHUP);
+            }
             entry.terminal = Terminal::HungUp;
             entry.stdin = Stdin::Closed;
         }
@@ -981,7 +979,11 @@ fn live_entry(table: &Table, pid: u32) -> Result<&Entry, Failure> {
         .ok_or_else(|| not_running(pid))
 }
 
-/// Forwards one output stream; returns whether it was cut at the cap.
+/// What a pump does when it cuts its stream, before it lets go of it.
+type OnCut = Box<dyn FnOnce() + Send>;
+
+/// Forwards one output stream; returns whether it was cut at the cap
+/// (after `on_cut`, while its read end is still open).
 async fn pump(
     outbox: Outbox,
     id: u64,
@@ -989,6 +991,7 @@ async fn pump(
     pipe: Option<pipe::Receiver>,
     limit: u64,
     mut exited: watch::Receiver<bool>,
+    on_cut: Option<OnCut>,
 ) -> bool {
     let Some(mut pipe) = pipe else { return false };
     let mut buf = vec![0u8; OUTPUT_CHUNK];
@@ -1028,6 +1031,9 @@ async fn pump(
         if take < n {
             // Past the cap: dropping the read end makes further writes fail
             // with SIGPIPE/EPIPE, so the writer stops instead of spinning.
+            if let Some(on_cut) = on_cut {
+                on_cut();
+            }
             return true;
         }
     }
