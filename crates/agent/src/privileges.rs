@@ -113,6 +113,21 @@ impl ChildSetup {
     /// Runs in the forked child, before `exec`. Async-signal-safe: only raw
     /// system calls on values computed before the fork.
     pub(crate) fn apply(&self) -> io::Result<()> {
+        // Signals ignored where the agent came from (a daemon started under
+        // `nohup` ignores SIGHUP, and its sandboxes' init inherited that)
+        // stay ignored across exec: a command starts with every signal at
+        // its default, as from a login, so a terminal's hangup ends it.
+        for signal in 1..libc::SIGRTMIN() {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            // SAFETY: signal(2) with SIG_DFL installs no handler and reads
+            // no memory of ours; a number it does not take gives EINVAL,
+            // which is ignored.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
         // Not rustix's `setsid`: it takes the result for a non-zero pid, and
         // gVisor's kernel (2022 releases) answers 0 for success.
         // SAFETY: setsid takes no arguments and touches no memory of ours.
