@@ -69,6 +69,7 @@ mod process;
 mod reaper;
 pub mod restorable;
 mod session;
+mod tunnel;
 mod watch;
 
 use std::os::unix::net::UnixStream;

@@ -11,6 +11,7 @@ use crate::files::{Files, WriteMsg, WriteTarget};
 use crate::outbox::{self, Outbox};
 use crate::process::{Processes, WaitOutcome};
 use crate::reaper::{self, Reaper};
+use crate::tunnel::{TunnelMsg, Tunnels};
 use crate::watch::{WatchOptions, Watches};
 use crate::{AgentConfig, AgentError};
 use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, Versions};
@@ -48,6 +49,7 @@ struct Session {
     files: Files,
     writes: HashMap<u64, WriteSlot>,
     watches: Watches,
+    tunnels: Tunnels,
 }
 
 /// Ignores SIGPIPE so a closed host stream or stdin pipe is an `EPIPE`
@@ -128,6 +130,7 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
         files: files.clone(),
         writes: HashMap::new(),
         watches: Watches::new(files, outbox),
+        tunnels: Tunnels::default(),
     };
 
     let mut reader = BufReader::with_capacity(READ_BUFFER, read_half);
@@ -147,6 +150,7 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
     // going. Every watch closes its inotify descriptor.
     session.writes.clear();
     session.watches.close_all();
+    session.tunnels.close_all();
     match stop {
         Stop::Terminated => session.processes.terminate_all().await,
         Stop::Closed | Stop::Corrupt(_) => session.processes.kill_all().await,
@@ -269,6 +273,12 @@ impl Session {
                 self.open_write(id, target).await
             }
             Request::Extract { dir } => self.open_extract(id, &dir).await,
+            Request::WriteData if self.tunnels.holds(id) => {
+                self.tunnels.deliver(id, TunnelMsg::Data(payload)).await
+            }
+            Request::WriteEnd if self.tunnels.holds(id) => {
+                self.tunnels.deliver(id, TunnelMsg::End).await
+            }
             Request::WriteData => match self.writes.get(&id) {
                 Some(WriteSlot::Open(tx)) => {
                     // An error ends the task's interest; the frame is dropped.
@@ -347,7 +357,12 @@ impl Session {
                 };
                 self.watches.start(id, &path, options).await
             }
-            Request::Cancel { target } => self.watches.cancel(id, target).await,
+            Request::Cancel { target } => {
+                if !self.tunnels.cancel(id, target) {
+                    self.watches.cancel(id, target).await
+                }
+            }
+            Request::Connect { port } => self.tunnels.connect(&self.outbox, id, port).await,
         }
     }
 

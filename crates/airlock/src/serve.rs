@@ -224,6 +224,13 @@ pub struct ServeArgs {
         default_value = "none"
     )]
     e2b_internet: crate::net_args::NetMode,
+    /// The domain under which sandboxes' ports are reached by name:
+    /// `PORT-SANDBOXID.DOMAIN` on this daemon's listener (the wildcard DNS
+    /// record, and TLS in front when wanted, are the operator's). It is
+    /// what e2b's `get_host` answers. Without it ports are reached at
+    /// `/v1/sandboxes/ID/ports/PORT/` only.
+    #[arg(long, value_name = "DOMAIN", value_parser = parse_sandbox_domain)]
+    sandbox_domain: Option<String>,
     /// The tier of a create that names none (native `tier`, e2b metadata
     /// `airlock.tier`) and whose template has none of its own.
     #[arg(long, value_name = "process|oci|gvisor", default_value = "process", value_parser = parse_tier)]
@@ -439,6 +446,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.egress_hosts = args.egress_host.clone();
     config.egress_dns = args.egress_dns;
     config.e2b_internet = args.e2b_internet == crate::net_args::NetMode::Open;
+    config.sandbox_domain = args.sandbox_domain.clone();
     config.default_tier = args.default_tier;
     config.template_tiers = args.template_tier.iter().cloned().collect();
     config.build_network = crate::net_args::NetArgs {
@@ -743,6 +751,11 @@ pub enum WritableLayers {
 fn parse_tier(text: &str) -> Result<airlock_policy::Tier, String> {
     text.parse()
         .map_err(|e: airlock_policy::UnknownTier| e.to_string())
+}
+
+/// A sandbox domain, made canonical.
+fn parse_sandbox_domain(text: &str) -> Result<String, String> {
+    airlock_api::ports::normalize_domain(text)
 }
 
 /// `TEMPLATE=TIER`.

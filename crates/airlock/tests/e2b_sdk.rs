@@ -41,6 +41,7 @@ const PYTHON_SUITES: &[&str] = &[
     "test_pty.py",
     "test_network.py",
     "test_volumes.py",
+    "test_ports.py",
 ];
 
 /// The pytest files that build templates (the Template SDK): they run
@@ -220,7 +221,13 @@ struct Setup {
 impl Setup {
     fn start() -> Setup {
         let internet = Internet::start();
-        let mut flags = vec!["--default-timeout".to_owned(), "300s".to_owned()];
+        let mut flags = vec![
+            "--default-timeout".to_owned(),
+            "300s".to_owned(),
+            // tests/e2b/test_ports.py's domain.
+            "--sandbox-domain".to_owned(),
+            "sandboxes.airlock.test".to_owned(),
+        ];
         for name in SITE_NAMES {
             flags.push("--egress-host".into());
             flags.push(format!("{name}={SITE_ADDRESS}"));

@@ -99,6 +99,9 @@ impl From<DaemonError> for ApiError {
             DaemonError::Upstream(_) => {
                 ApiError::new(StatusCode::BAD_GATEWAY, "upstream_failed", message)
             }
+            DaemonError::PortClosed(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "port_closed", message)
+            }
             DaemonError::InSandbox(_) => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "sandbox_io_error",

@@ -21,6 +21,7 @@ pub mod error;
 mod files;
 mod native;
 mod pools;
+pub mod ports;
 pub mod server;
 mod snapshots;
 mod templates;
@@ -247,9 +248,12 @@ pub struct Dialects {
 pub fn router_with(daemon: Daemon, dialects: Dialects) -> Router {
     let api = Api { daemon };
     // The dialects, asked in this order: e2b's first (its envd `/health`
-    // carries its headers; DeerFlow's provisioner `/health` does not).
+    // carries its headers; DeerFlow's provisioner `/health` does not; a
+    // host naming envd's port is e2b's, any other sandbox port is the
+    // ports dialect's, whatever its path).
     let served = dialect::Dialects::new(vec![
         std::sync::Arc::new(e2b::Routers::new(api.clone())),
+        std::sync::Arc::new(ports::Ports::new(api.clone())),
         std::sync::Arc::new(aio::Routers::new(api.clone(), dialects.aio)),
     ]);
     let (routes, document) = parts(api.clone());

@@ -446,7 +446,9 @@ async fn serve_connection(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .keep_alive(true);
-    let serving = builder.serve_connection(io, service);
+    // With upgrades: a forwarded WebSocket (see `crate::ports`) takes the
+    // connection over once its answer is 101.
+    let serving = builder.serve_connection(io, service).with_upgrades();
     tokio::pin!(serving);
     tokio::select! {
         result = serving.as_mut() => {

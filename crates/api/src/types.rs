@@ -247,6 +247,9 @@ pub struct CreateSandbox {
     /// Copy `/mnt/user-data/outputs` to the daemon's object store when
     /// the sandbox is torn down, whatever ends it (default: false).
     pub collect_outputs: Option<bool>,
+    /// Let its ports answer requests from outside without a token
+    /// (default: false; see `/v1/sandboxes/{id}/ports/{port}/`).
+    pub public_ports: Option<bool>,
 }
 
 impl CreateSandbox {
@@ -318,6 +321,7 @@ impl CreateSandbox {
             spec.lifecycle = lifecycle;
         }
         spec.collect_outputs = self.collect_outputs.unwrap_or(false);
+        spec.public_ports = self.public_ports.unwrap_or(false);
         let timeout_s = self
             .timeout_s
             .unwrap_or(daemon.config().default_timeout.as_secs());

@@ -386,6 +386,7 @@ pub fn error_code(kind: ErrorKind) -> &'static str {
         ErrorKind::Io => "sandbox_io_error",
         ErrorKind::UnsupportedVersion => "internal",
         ErrorKind::Unsupported => "not_implemented",
+        ErrorKind::Refused => "port_closed",
     }
 }
 

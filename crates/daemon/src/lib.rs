@@ -25,6 +25,7 @@ pub mod interpreter;
 pub mod metrics;
 pub mod outputs;
 pub mod pools;
+pub mod ports;
 pub mod processes;
 pub mod reconcile;
 pub mod sandboxes;
@@ -94,6 +95,10 @@ pub struct Config {
     /// Whether an e2b create that leaves internet access on (the SDKs'
     /// default) gets mode `open`; otherwise it gets `none`.
     pub e2b_internet: bool,
+    /// The domain under which sandboxes' ports are reached by name
+    /// (`PORT-ID.DOMAIN`), lower case, without a leading dot; `None`: by
+    /// path only.
+    pub sandbox_domain: Option<String>,
     /// The tier of a create that names none, by the template it names
     /// (the bare name, without a `@digest` pin); a template not listed
     /// gets `default_tier`.
@@ -196,6 +201,7 @@ impl Config {
             egress_hosts: Vec::new(),
             egress_dns: None,
             e2b_internet: false,
+            sandbox_domain: None,
             template_tiers: std::collections::BTreeMap::new(),
             default_tier: airlock_policy::Tier::Process,
             audit: audit::AuditLimits::default(),
@@ -275,6 +281,10 @@ pub enum DaemonError {
     /// Something failed inside the daemon; the message goes to the log only.
     #[error("{0}")]
     Internal(String),
+    /// Nothing listens on the port of the sandbox a forwarded request is
+    /// for (502).
+    #[error("{0}")]
+    PortClosed(String),
 }
 
 impl DaemonError {
@@ -295,6 +305,7 @@ impl DaemonError {
             ErrorKind::Io => DaemonError::InSandbox(message),
             ErrorKind::UnsupportedVersion => DaemonError::Internal(message),
             ErrorKind::Unsupported => DaemonError::Unsupported(message),
+            ErrorKind::Refused => DaemonError::PortClosed(message),
         }
     }
 }

@@ -66,6 +66,12 @@ pub struct SandboxSpec {
     /// store when the sandbox is torn down (for any reason).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub collect_outputs: bool,
+    /// Whether the ports its processes listen on answer requests from
+    /// outside without a token (e2b's `allowPublicTraffic`); otherwise a
+    /// forwarded request needs the sandbox's traffic or access token or an
+    /// API key that may use it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub public_ports: bool,
 }
 
 /// What happens to a sandbox at its timeout.
@@ -111,6 +117,7 @@ impl Default for SandboxSpec {
             security: Security::default(),
             lifecycle: Lifecycle::default(),
             collect_outputs: false,
+            public_ports: false,
         }
     }
 }

@@ -44,9 +44,12 @@
 //! refuse network filesystems (`local_only`) and the error kind
 //! `unsupported`. Every addition is optional and left out unless used, so
 //! a host of version 4 speaks to older agents as before as long as it
-//! sends none of them, and an agent sends them only when asked.
+//! sends none of them, and an agent sends them only when asked; **5**,
+//! `connect` (a TCP connection to a port on the sandbox's loopback,
+//! carried as `write_data`/`stream_data` frames, see [`tunnel`]) with its
+//! events and the error kind `refused`.
 //!
-//! The JSON schema of both directions is checked in as `schema/v4.json`
+//! The JSON schema of both directions is checked in as `schema/v5.json`
 //! (named after [`PROTOCOL_VERSION`]); a test fails when the types drift
 //! from it, so every change is deliberate.
 #![forbid(unsafe_code)]
@@ -54,6 +57,7 @@
 mod client;
 mod codec;
 mod messages;
+pub mod tunnel;
 
 pub use client::{AgentClient, ClientError, Events};
 pub use codec::{
@@ -63,7 +67,7 @@ pub use codec::{
 pub use messages::*;
 
 /// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The oldest protocol version this build still speaks.
 pub const OLDEST_PROTOCOL_VERSION: u32 = 1;

@@ -236,6 +236,22 @@ pub enum Request {
         /// The id of the request to cancel.
         target: u64,
     },
+    /// Opens a TCP connection to `port` on the sandbox's own loopback
+    /// (127.0.0.1, then ::1 when nothing listens there): how a port a
+    /// process inside listens on is reached from outside. Answered by a
+    /// non-final `connected`; then the bytes the sandbox's end sends come
+    /// as non-final `stream_data` (payload), and a non-final `stream_end`
+    /// when it stops sending; the request ends with a final `done` once
+    /// both directions are closed. The host's bytes follow in `write_data`
+    /// frames with this id; `write_end` ends its direction (a half close);
+    /// `cancel` of this id closes the connection at once (final `done`).
+    /// A final `error` instead of `connected`: `refused` (nothing listens
+    /// on the port), `invalid_argument` (port 0), `busy` (too many
+    /// connections open on this stream). Added in version 5.
+    Connect {
+        /// The TCP port, 1 to 65535.
+        port: u16,
+    },
 }
 
 /// What to run and how.
@@ -336,6 +352,12 @@ pub enum Event {
     Keepalive,
     /// Answer to `ping` (final).
     Pong,
+    /// The connection of a `connect` is open (not final).
+    Connected,
+    /// Bytes the sandbox's end of a `connect` sent (payload; not final).
+    StreamData,
+    /// The sandbox's end of a `connect` sends no more (not final).
+    StreamEnd,
     /// A change under a `watch` (not final).
     FsEvent {
         /// What happened.
@@ -361,6 +383,9 @@ impl Event {
                 | Event::EntriesChunk { .. }
                 | Event::Keepalive
                 | Event::FsEvent { .. }
+                | Event::Connected
+                | Event::StreamData
+                | Event::StreamEnd
         )
     }
 }
@@ -500,4 +525,7 @@ pub enum ErrorKind {
     /// The filesystem cannot do what was asked (EOPNOTSUPP): extended
     /// attributes where it has none. Sent only for what version 4 added.
     Unsupported,
+    /// Nothing accepts connections on the port a `connect` named. Sent
+    /// only for what version 5 added.
+    Refused,
 }

@@ -29,7 +29,7 @@
 //! The e2b API key is an airlock API key (`X-API-Key: e2b_…`, the shape
 //! every e2b SDK 2.x accepts, or an older `al_…`; or a bearer token); a non-admin key sees only its own sandboxes. The answer to
 //! create, connect and get carries the sandbox's access token as
-//! `envdAccessToken`, and `domain: null` so the SDK reaches the sandbox
+//! `envdAccessToken`, and `domain` (the daemon's sandbox domain, else null); the SDK reaches the sandbox
 //! through `E2B_SANDBOX_URL` (this same port).
 
 pub mod builds;
@@ -396,11 +396,14 @@ async fn create(
     }
     Ok((
         StatusCode::CREATED,
-        Json(SandboxWire::of(
-            &created.row,
-            Some(created.access_token),
-            Some(api.daemon.traffic_token(&created.row.id)),
-        )),
+        Json(
+            SandboxWire::of(
+                &created.row,
+                Some(created.access_token),
+                Some(api.daemon.traffic_token(&created.row.id)),
+            )
+            .on_domain(api.daemon.config().sandbox_domain.as_deref()),
+        ),
     )
         .into_response())
 }
@@ -464,7 +467,10 @@ async fn get_sandbox(
 ) -> Result<Json<ListedWire>> {
     let row = live_row(&api, key_of(&caller)?, &id)?;
     ListedWire::detail(&row, api.daemon.access_token(&id))
-        .map(Json)
+        .map(|mut wire| {
+            wire.domain = Some(api.daemon.config().sandbox_domain.clone());
+            Json(wire)
+        })
         .ok_or_else(|| E2bError::sandbox_not_found(&id))
 }
 
@@ -561,7 +567,8 @@ async fn attach(api: &Api, key: &KeyRow, id: &str, body: &Bytes) -> Result<(Sand
         &row,
         api.daemon.access_token(id),
         Some(api.daemon.traffic_token(id)),
-    );
+    )
+    .on_domain(api.daemon.config().sandbox_domain.as_deref());
     Ok((wire, resumed))
 }
 

@@ -107,6 +107,22 @@ impl crate::dialect::Dialect for Routers {
     /// 2.25 drop the header after `Sandbox.connect`), which get the header
     /// here.
     fn claim(&self, request: &mut Request) -> bool {
+        // `PORT-ID.DOMAIN`, the host the SDKs reach envd and the code
+        // interpreter at when no `E2B_SANDBOX_URL` is set (behind the
+        // operator's wildcard DNS and TLS): for envd's ports it is the
+        // headers' form; any other port is the ports dialect's.
+        let domain = self.daemon.config().sandbox_domain.clone();
+        if let Some(target) = crate::ports::by_host(request.headers(), domain.as_deref()) {
+            if target.port != sandbox::ENVD_PORT && target.port != sandbox::CODE_INTERPRETER_PORT {
+                return false;
+            }
+            let id = axum::http::HeaderValue::from_str(&target.id);
+            let port = axum::http::HeaderValue::from(target.port);
+            if let Ok(id) = id {
+                request.headers_mut().insert(SANDBOX_ID_HEADER, id);
+                request.headers_mut().insert(SANDBOX_PORT_HEADER, port);
+            }
+        }
         let path = request.uri().path();
         if control::templates::is_upload(request.method(), path)
             || volumes::is_content_path(path)

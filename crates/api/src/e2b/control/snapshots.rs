@@ -189,11 +189,14 @@ pub(super) async fn fork(
                     });
                 }
                 ForkResult {
-                    sandbox: Some(super::SandboxWire::of(
-                        &created.row,
-                        Some(created.access_token),
-                        Some(api.daemon.traffic_token(&created.row.id)),
-                    )),
+                    sandbox: Some(
+                        super::SandboxWire::of(
+                            &created.row,
+                            Some(created.access_token),
+                            Some(api.daemon.traffic_token(&created.row.id)),
+                        )
+                        .on_domain(api.daemon.config().sandbox_domain.as_deref()),
+                    ),
                     error: None,
                 }
             }

@@ -65,6 +65,10 @@ pub struct NetworkConfig {
     /// Update bodies only: the same as the create field.
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    /// Whether its ports answer without the traffic token. When absent,
+    /// airlock's default applies: they do not (e2b's cloud defaults to
+    /// public; a self-hosted daemon opens nothing unasked).
+    pub allow_public_traffic: Option<bool>,
 }
 
 /// e2b's egress model onto airlock's policy. In e2b, internet access is on
@@ -271,6 +275,7 @@ impl NewSandbox {
             env: self.env_vars.clone(),
             metadata: self.metadata.clone(),
             network: Some(network),
+            public_ports: self.network.as_ref().and_then(|n| n.allow_public_traffic),
             lifecycle: Some(lifecycle),
             volumes: self.volume_mounts.as_ref().map(|mounts| {
                 mounts
@@ -325,7 +330,10 @@ pub struct SandboxWire {
     /// envd's (the code interpreter's), which accept it in place of the
     /// access token.
     pub traffic_access_token: Option<String>,
-    /// `null`: the SDK then reaches the sandbox through `E2B_SANDBOX_URL`.
+    /// The daemon's sandbox domain (`serve --sandbox-domain`), under which
+    /// `get_host(port)` gives `PORT-ID.DOMAIN`; `null` without one (the
+    /// SDK then falls back on its own `E2B_DOMAIN`). With
+    /// `E2B_SANDBOX_URL` set the SDK reaches envd there either way.
     pub domain: Option<String>,
 }
 
@@ -345,6 +353,12 @@ impl SandboxWire {
             traffic_access_token: traffic_token,
             domain: None,
         }
+    }
+
+    /// The same, on the daemon's sandbox domain.
+    pub fn on_domain(mut self, domain: Option<&str>) -> SandboxWire {
+        self.domain = domain.map(str::to_owned);
+        self
     }
 }
 
@@ -415,7 +429,7 @@ pub struct ListedWire {
     /// Detail only: always false, there is no egress yet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_internet_access: Option<bool>,
-    /// Detail only: `null`.
+    /// Detail only: the daemon's sandbox domain, or `null`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain: Option<Option<String>>,
 }

@@ -174,7 +174,9 @@ impl From<DaemonError> for ConnectError {
             DaemonError::TooLarge(_) | DaemonError::NoSpace(_) => Code::ResourceExhausted,
             DaemonError::InSandbox(_) | DaemonError::StepFailed(_) => Code::Unknown,
             DaemonError::Rejected(_) | DaemonError::QuotaExceeded(_) => Code::ResourceExhausted,
-            DaemonError::Reconnecting(_) | DaemonError::Upstream(_) => Code::Unavailable,
+            DaemonError::Reconnecting(_)
+            | DaemonError::Upstream(_)
+            | DaemonError::PortClosed(_) => Code::Unavailable,
             DaemonError::Unavailable(_) => {
                 // Transient; the detail goes to the log only.
                 let api = ApiError::from(e);

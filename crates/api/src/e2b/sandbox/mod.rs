@@ -110,6 +110,16 @@ async fn admit(
     let port = header(request.headers(), SANDBOX_PORT_HEADER)
         .map(|p| p.parse::<u16>().unwrap_or(0))
         .unwrap_or(ENVD_PORT);
+    // Any port but envd's and the code interpreter's is a port of the
+    // sandbox's own, which the ports dialect forwards with its own checks.
+    if port != ENVD_PORT && port != CODE_INTERPRETER_PORT {
+        let target = crate::ports::Target {
+            id,
+            port,
+            prefix: None,
+        };
+        return crate::ports::forward(api, target, request).await;
+    }
     if request.uri().path() == "/health" {
         // Open, as envd's is; a sandbox that is gone answers as e2b's proxy
         // does, so the SDKs' health probe reports it not running.
@@ -147,13 +157,6 @@ async fn admit(
             )
             .into_response(),
         };
-    if port != ENVD_PORT && port != CODE_INTERPRETER_PORT {
-        return ConnectError::new(
-            Code::Unavailable,
-            format!("The sandbox {id} is running but port {port} is not open"),
-        )
-        .into_response();
-    }
     request.extensions_mut().insert(Target { id });
     if let Some(caller) = &caller {
         crate::server::trust(&request);

@@ -1,0 +1,541 @@
+//! Sandbox ports from outside: HTTP (WebSocket included) to a port a
+//! process inside a sandbox listens on, as e2b's `get_host` promises.
+//!
+//! A request names its target in one of two ways:
+//!
+//! - by **host**, `PORT-SANDBOXID.DOMAIN` on the daemon's listener, when
+//!   the daemon was given a sandbox domain (`serve --sandbox-domain`; the
+//!   wildcard DNS record is the operator's). The request goes in as it
+//!   came, path and `Host` untouched.
+//! - by **path**, `/v1/sandboxes/SANDBOXID/ports/PORT/REST` (for setups
+//!   without wildcard DNS): the request goes in as `/REST`.
+//!
+//! (e2b's own form, `E2b-Sandbox-Id` and `E2b-Sandbox-Port` headers with a
+//! port other than envd's, is the e2b dialect's; it hands such requests
+//! to [`forward`].)
+//!
+//! **Access.** A sandbox created with public ports (`public_ports`, e2b's
+//! `allowPublicTraffic`) answers anyone who can reach the daemon. Any
+//! other needs one of: its traffic token (`E2B-Traffic-Access-Token`, as
+//! e2b has it), its access token (`X-Access-Token`), or an API key that
+//! may use it (`X-API-Key`, or a bearer API key). The credential is taken
+//! off the request before it goes in, so nothing inside ever sees it.
+//!
+//! **Reach.** The connection is opened by the sandbox's agent on the
+//! sandbox's own loopback ([`airlock_daemon::Daemon::open_port`]): a
+//! request reaches that sandbox's ports and nothing else, not the host's,
+//! not another sandbox's, whatever its network policy (a sandbox with
+//! network `none` serves its ports too).
+//!
+//! Each request gets a connection of its own, closed when its answer
+//! ends; an upgrade (WebSocket) keeps it for as long as both sides do.
+
+use crate::dialect::{Audited, Dialect};
+use crate::error::ApiError;
+use crate::Api;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
+use hyper_util::rt::TokioIo;
+
+/// The header e2b's SDK users send a sandbox's traffic token in.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Which port of which sandbox a request is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub id: String,
+    pub port: u16,
+    /// The path prefix that named it, taken off before the request goes
+    /// in (`None`: named by host).
+    pub prefix: Option<String>,
+}
+
+/// A sandbox domain as the operator wrote it, made canonical: lower case,
+/// no leading or trailing dot, only DNS name characters.
+pub fn normalize_domain(text: &str) -> Result<String, String> {
+    let domain = text.trim().trim_matches('.').to_ascii_lowercase();
+    let valid = !domain.is_empty()
+        && domain.len() <= 253
+        && domain.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if valid {
+        Ok(domain)
+    } else {
+        Err(format!("{text:?} is not a domain name"))
+    }
+}
+
+/// Whether `id` has the shape of a sandbox id (nothing else is looked up).
+fn is_sandbox_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A port number as a request writes it: digits only, 1 to 65535.
+fn port_number(text: &str) -> Option<u16> {
+    if text.is_empty() || text.len() > 5 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u16>().ok().filter(|p| *p != 0)
+}
+
+/// The target a `Host` of `PORT-SANDBOXID.DOMAIN` names.
+pub fn by_host(headers: &HeaderMap, domain: Option<&str>) -> Option<Target> {
+    let domain = domain?;
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    // Without the listener's port, if any.
+    let host = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    if label.contains('.') {
+        return None;
+    }
+    let (port, id) = label.split_once('-')?;
+    let port = port_number(port)?;
+    is_sandbox_id(id).then(|| Target {
+        id: id.to_owned(),
+        port,
+        prefix: None,
+    })
+}
+
+/// The target a path of `/v1/sandboxes/SANDBOXID/ports/PORT[/REST]` names.
+pub fn by_path(path: &str) -> Option<Target> {
+    let rest = path.strip_prefix("/v1/sandboxes/")?;
+    let (id, rest) = rest.split_once('/')?;
+    let rest = rest.strip_prefix("ports/")?;
+    let (port, _) = rest.split_once('/').unwrap_or((rest, ""));
+    if !is_sandbox_id(id) {
+        return None;
+    }
+    let port_text = port;
+    let port = port_number(port)?;
+    Some(Target {
+        id: id.to_owned(),
+        port,
+        prefix: Some(format!("/v1/sandboxes/{id}/ports/{port_text}")),
+    })
+}
+
+/// The ports dialect.
+#[derive(Clone)]
+pub struct Ports {
+    api: Api,
+}
+
+impl Ports {
+    pub fn new(api: Api) -> Ports {
+        Ports { api }
+    }
+
+    fn target(&self, path: &str, headers: &HeaderMap) -> Option<Target> {
+        let config = self.api.daemon.config();
+        by_host(headers, config.sandbox_domain.as_deref()).or_else(|| by_path(path))
+    }
+}
+
+impl Dialect for Ports {
+    fn claim(&self, request: &mut Request) -> bool {
+        match self.target(request.uri().path(), request.headers()) {
+            Some(target) => {
+                request.extensions_mut().insert(target);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn audited(&self, path: &str, headers: &HeaderMap) -> Option<Audited> {
+        let target = self.target(path, headers)?;
+        Some(Audited {
+            sandbox: Some(target.id.clone()),
+            path: match target.prefix {
+                Some(_) => path.to_owned(),
+                None => format!("port {}: {path}", target.port),
+            },
+        })
+    }
+
+    fn serve(&self, mut request: Request) -> BoxFuture<'static, Response> {
+        let api = self.api.clone();
+        let target = request.extensions_mut().remove::<Target>();
+        Box::pin(async move {
+            match target {
+                Some(target) => forward(api, target, request).await,
+                None => ApiError::not_found("no such route").into_response(),
+            }
+        })
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// Whether a credential is one of the daemon's (an API key, a sandbox's
+/// access or traffic token): such a value never goes into a sandbox.
+fn is_daemon_secret(value: &str) -> bool {
+    let value = value.trim();
+    let value = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .unwrap_or(value)
+        .trim();
+    airlock_store::is_key_secret(value) || value.starts_with("at_") || value.starts_with("tt_")
+}
+
+/// Checks a request may reach `id`'s ports.
+fn admit(api: &Api, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(public) = api.daemon.ports_are_public(id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "sandbox_not_found",
+            format!("The sandbox {id} was not found"),
+        ));
+    };
+    if public {
+        return Ok(());
+    }
+    let opens = if let Some(token) = header_str(headers, TRAFFIC_TOKEN_HEADER) {
+        Some(api.daemon.traffic_token_matches(id, token))
+    } else if let Some(token) = header_str(headers, "x-access-token") {
+        Some(api.daemon.access_token_matches(id, token))
+    } else {
+        let bearer = header_str(headers, header::AUTHORIZATION.as_str())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim)
+            .filter(|b| airlock_store::is_key_secret(b));
+        header_str(headers, "x-api-key").or(bearer).map(|secret| {
+            matches!(
+                api.daemon.with_store(|s| s.verify_key(secret)),
+                Ok(Some(row)) if api.daemon.visible(&row, id).is_ok()
+            )
+        })
+    };
+    match opens {
+        Some(true) => Ok(()),
+        Some(false) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "the credential does not open the ports of sandbox {id}: send its traffic token \
+                 ({TRAFFIC_TOKEN_HEADER}), its access token (X-Access-Token) or an API key that \
+                 may use it"
+            ),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!(
+                "the ports of sandbox {id} are not public: send its traffic token \
+                 ({TRAFFIC_TOKEN_HEADER}), its access token (X-Access-Token) or an API key"
+            ),
+        )),
+    }
+}
+
+/// Headers that belong to one hop, never forwarded (RFC 9110 §7.6.1);
+/// `connection` and `upgrade` go on only for an upgrade.
+const HOP_BY_HOP: &[&str] = &[
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// Whether the request asks to switch protocols (a WebSocket handshake).
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Takes off what must not go in: hop-by-hop headers (and those the
+/// `Connection` header names), the daemon's credentials (whichever opened
+/// the request; an application's own keys and `Authorization` go in), e2b's
+/// routing headers.
+fn inward_headers(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|name| !(upgrade && name == header::UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+    if !upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
+    for name in [
+        "x-api-key",
+        "x-access-token",
+        header::AUTHORIZATION.as_str(),
+    ] {
+        let secret = headers
+            .get_all(name)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(is_daemon_secret));
+        if secret {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        TRAFFIC_TOKEN_HEADER,
+        crate::e2b::SANDBOX_ID_HEADER,
+        crate::e2b::SANDBOX_PORT_HEADER,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// The URI the request goes in with: its path less the prefix that named
+/// the target, and its query.
+fn inward_uri(uri: &Uri, prefix: Option<&str>) -> Uri {
+    let path = uri.path();
+    let path = match prefix.and_then(|p| path.strip_prefix(p)) {
+        Some("") => "/",
+        Some(rest) => rest,
+        None => path,
+    };
+    let text = match uri.query() {
+        Some(query) => format!("{path}?{query}"),
+        None => path.to_owned(),
+    };
+    text.parse().unwrap_or_else(|_| Uri::from_static("/"))
+}
+
+/// A 502 that says why the request could not go in.
+fn bad_gateway(id: &str, port: u16, message: String) -> Response {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "port_unreachable",
+        format!("sandbox {id}, port {port}: {message}"),
+    )
+    .into_response()
+}
+
+/// Sends `request` to port `target.port` of sandbox `target.id`, once the
+/// request's credentials open it, and streams the answer back.
+pub async fn forward(api: Api, target: Target, mut request: Request) -> Response {
+    let Target { id, port, prefix } = target;
+    if let Err(e) = admit(&api, &id, request.headers()) {
+        return e.into_response();
+    }
+    // `/v1/sandboxes/ID/ports/PORT` alone: on to its directory, so that
+    // the relative links of a page served there resolve under it.
+    if let Some(prefix) = &prefix {
+        if request.uri().path() == prefix {
+            let location = match request.uri().query() {
+                Some(query) => format!("{prefix}/?{query}"),
+                None => format!("{prefix}/"),
+            };
+            let mut response = StatusCode::PERMANENT_REDIRECT.into_response();
+            if let Ok(value) = HeaderValue::from_str(&location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            return response;
+        }
+    }
+    let stream = match api.daemon.open_port(&id, port).await {
+        Ok(stream) => stream,
+        Err(airlock_daemon::DaemonError::PortClosed(_)) => {
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "port_closed",
+                format!(
+                    "The sandbox {id} is running but there's no service running on port {port}."
+                ),
+            )
+            .into_response()
+        }
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let upgrade = is_upgrade(request.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+    inward_headers(request.headers_mut(), upgrade);
+    *request.uri_mut() = inward_uri(request.uri(), prefix.as_deref());
+    let (mut sender, connection) =
+        match hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream)).await {
+            Ok(parts) => parts,
+            Err(e) => return bad_gateway(&id, port, e.to_string()),
+        };
+    tokio::spawn(async move {
+        let _ = connection.with_upgrades().await;
+    });
+    let mut response = match sender.send_request(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            return bad_gateway(
+                &id,
+                port,
+                format!("the service closed the connection without an answer ({e})"),
+            )
+        }
+    };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let server_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                if let (Ok(client), Ok(server)) = tokio::join!(client_upgrade, server_upgrade) {
+                    let mut client = TokioIo::new(client);
+                    let mut server = TokioIo::new(server);
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    } else {
+        for name in HOP_BY_HOP {
+            response.headers_mut().remove(*name);
+        }
+    }
+    response.map(Body::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::HOST, HeaderValue::from_str(value).unwrap());
+        headers
+    }
+
+    #[test]
+    fn hosts_name_a_port_of_a_sandbox_under_the_domain_only() {
+        let domain = Some("sbx.example.test");
+        let target = by_host(&host("8000-sbx-0123.sbx.example.test:7070"), domain).unwrap();
+        assert_eq!((target.id.as_str(), target.port), ("sbx-0123", 8000));
+        assert_eq!(target.prefix, None);
+        assert!(by_host(&host("8000-SBX-0123.SBX.example.test."), domain).is_some());
+        for other in [
+            "8000-sbx-0123.other.test",
+            "8000-sbx-0123.evil-sbx.example.test",
+            "a.8000-sbx-0123.sbx.example.test",
+            "sbx.example.test",
+            "0-sbx-0123.sbx.example.test",
+            "70000-sbx-0123.sbx.example.test",
+            "+80-sbx-0123.sbx.example.test",
+            "8000-.sbx.example.test",
+            "8000-sbx-0123xsbx.example.test",
+        ] {
+            assert_eq!(by_host(&host(other), domain), None, "{other}");
+        }
+        assert_eq!(by_host(&host("8000-sbx-0123.sbx.example.test"), None), None);
+    }
+
+    #[test]
+    fn paths_name_a_port_and_lose_their_prefix() {
+        let target = by_path("/v1/sandboxes/sbx-1/ports/8080/a/b").unwrap();
+        assert_eq!((target.id.as_str(), target.port), ("sbx-1", 8080));
+        let prefix = target.prefix.as_deref();
+        assert_eq!(prefix, Some("/v1/sandboxes/sbx-1/ports/8080"));
+        let uri: Uri = "/v1/sandboxes/sbx-1/ports/8080/a/b?x=1".parse().unwrap();
+        assert_eq!(inward_uri(&uri, prefix), "/a/b?x=1");
+        let uri: Uri = "/v1/sandboxes/sbx-1/ports/8080/".parse().unwrap();
+        assert_eq!(inward_uri(&uri, prefix), "/");
+        assert!(by_path("/v1/sandboxes/sbx-1/ports/8080").is_some());
+        for other in [
+            "/v1/sandboxes/sbx-1",
+            "/v1/sandboxes/sbx-1/ports",
+            "/v1/sandboxes/sbx-1/ports/",
+            "/v1/sandboxes/sbx-1/ports/0/",
+            "/v1/sandboxes/sbx-1/ports/x/",
+            "/v1/sandboxes/sbx-1/exec",
+            "/v1/sandboxes/../ports/80/",
+        ] {
+            assert_eq!(by_path(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn credentials_and_hop_headers_never_go_in() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("x-api-key", "e2b_0123"),
+            ("x-access-token", "app-token"),
+            ("e2b-traffic-access-token", "tt_x"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("e2b-sandbox-id", "sbx-1"),
+            ("x-app", "kept"),
+            ("authorization", "Basic app-credential"),
+        ] {
+            headers.insert(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        inward_headers(&mut headers, false);
+        let left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        // A daemon secret never goes in, whichever opened the request.
+        assert!(!left.contains(&"x-api-key"));
+        assert!(!left.contains(&"e2b-traffic-access-token"));
+        // An application's own token does.
+        assert!(left.contains(&"x-access-token"));
+        assert!(!left.contains(&"connection"));
+        assert!(!left.contains(&"x-private"));
+        assert!(!left.contains(&"keep-alive"));
+        assert!(!left.contains(&"transfer-encoding"));
+        assert!(!left.contains(&"e2b-sandbox-id"));
+        assert!(left.contains(&"x-app"));
+        // An application's own Authorization goes in; a bearer API key
+        // does not.
+        assert!(left.contains(&"authorization"));
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer at_0123"),
+        );
+        inward_headers(&mut headers, false);
+        assert!(!headers.contains_key(header::AUTHORIZATION));
+    }
+
+    #[test]
+    fn domains_are_made_canonical_or_refused() {
+        assert_eq!(
+            normalize_domain(".Sbx.Example.test.").unwrap(),
+            "sbx.example.test"
+        );
+        for bad in ["", ".", "a..b", "-a.b", "a_b.c", "a b", "ä.b"] {
+            assert!(normalize_domain(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The host's end of a `connect` (version 5): a TCP connection to a port
+//! on a sandbox's loopback, carried over the agent stream, handed to the
+//! caller as a plain byte stream.
+//!
+//! [`open`] asks the agent to connect and, once it has, returns one end of
+//! an in-memory pipe; two tasks carry the other end's bytes to the agent
+//! (`write_data`, `write_end` at its end of file) and the agent's
+//! `stream_data` back. Dropping the stream ends the host's direction (the
+//! sandbox's end reads end of file, as from a closed socket); a stream
+//! the caller no longer reads is cancelled at the agent, so nothing of it
+//! outlives its last user. Each direction is bounded: a reader that does
+//! not read holds up the agent stream, as every event does (see
+//! [`crate::client`]).
+
+use crate::{AgentClient, ClientError, ErrorKind, Event, Request};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+/// Bytes buffered in each direction of the pipe the caller holds.
+const PIPE_BYTES: usize = 256 * 1024;
+/// Bytes carried in one `write_data` frame.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// A connection could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    /// The agent predates `connect`.
+    #[error("the sandbox's agent speaks protocol version {0}; forwarding ports needs version 5")]
+    TooOld(u32),
+    /// Nothing listens on the port.
+    #[error("nothing listens on port {0} in the sandbox")]
+    Refused(u16),
+    /// The agent refused for another reason.
+    #[error("{message}")]
+    Agent { kind: ErrorKind, message: String },
+    /// The agent stream is gone.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// The version of the protocol that added `connect`.
+pub const CONNECT_VERSION: u32 = 5;
+
+/// Opens a connection to `port` on the sandbox's loopback and returns the
+/// caller's end of it.
+pub async fn open(client: &AgentClient, port: u16) -> Result<DuplexStream, TunnelError> {
+    if client.version() < CONNECT_VERSION {
+        return Err(TunnelError::TooOld(client.version()));
+    }
+    let mut events = client.request(Request::Connect { port }).await?;
+    match events.next().await? {
+        Some(frame) if frame.msg == Event::Connected => {}
+        Some(frame) => {
+            return Err(match frame.msg {
+                Event::Error {
+                    kind: ErrorKind::Refused,
+                    ..
+                } => TunnelError::Refused(port),
+                Event::Error { kind, message } => TunnelError::Agent { kind, message },
+                other => TunnelError::Agent {
+                    kind: ErrorKind::Io,
+                    message: format!("the agent answered a connect with {other:?}"),
+                },
+            })
+        }
+        None => return Err(TunnelError::Client(ClientError::Closed)),
+    }
+    let id = events.id();
+    let (caller, ours) = tokio::io::duplex(PIPE_BYTES);
+    let (mut from_caller, mut to_caller) = tokio::io::split(ours);
+    let client = client.clone();
+    tokio::spawn(async move {
+        // The caller's bytes to the agent, until its end of file.
+        let up = async {
+            loop {
+                let mut chunk = vec![0; CHUNK_BYTES];
+                match from_caller.read(&mut chunk).await {
+                    Ok(0) | Err(_) => {
+                        let _ = client.send(id, Request::WriteEnd, Vec::new()).await;
+                        return;
+                    }
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        if client.send(id, Request::WriteData, chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        // The agent's bytes to the caller, until the final event.
+        let down = async {
+            loop {
+                match events.next().await {
+                    Ok(Some(frame)) => match frame.msg {
+                        // The caller is gone: close the connection.
+                        Event::StreamData if to_caller.write_all(&frame.payload).await.is_err() => {
+                            return false
+                        }
+                        Event::StreamEnd => {
+                            let _ = to_caller.shutdown().await;
+                        }
+                        _ => {}
+                    },
+                    Ok(None) | Err(_) => return true,
+                }
+            }
+        };
+        tokio::pin!(up);
+        tokio::pin!(down);
+        let mut up_done = false;
+        loop {
+            tokio::select! {
+                () = &mut up, if !up_done => up_done = true,
+                ended = &mut down => {
+                    if !ended {
+                        let _ = client.request(Request::Cancel { target: id }).await;
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    Ok(caller)
+}
