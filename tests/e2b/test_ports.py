@@ -127,3 +127,14 @@ def test_public_traffic_opens_the_ports_to_anyone(make_sandbox):
     answer = get(host, "/open", {})
     assert answer.status_code == 200, answer.text
     assert json.loads(answer.text)["path"] == "/open"
+
+
+@pytest.mark.skipif(
+    "network" not in inspect.signature(Sandbox.create).parameters,
+    reason="this SDK release has no network options",
+)
+def test_mask_request_host_is_the_host_the_server_sees(make_sandbox):
+    sbx = make_sandbox(template="base", network={"mask_request_host": "localhost:${PORT}"})
+    host = start_server(sbx, 3000)
+    seen = get(host, "/", credentials(sbx)).json()
+    assert seen["headers"]["host"] == "localhost:3000"

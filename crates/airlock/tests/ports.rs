@@ -338,6 +338,33 @@ fn public_ports_answer_without_credentials() {
     daemon.delete_all();
 }
 
+#[test]
+fn a_host_mask_replaces_the_host_requests_go_in_with() {
+    let _serial = serial();
+    let daemon = start();
+    let (id, token) = create(&daemon, json!({"port_host_mask": "localhost:${PORT}"}));
+    serve(&daemon, &id, &token, 3000);
+    let (status, body) = get_by_host(
+        &daemon,
+        &id,
+        3000,
+        "/",
+        &format!("X-Access-Token: {token}\r\n"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let seen: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(seen["headers"]["host"], "localhost:3000", "{seen}");
+    for bad in ["", "a b", "host\r\nx-injected: 1", "é"] {
+        let refused = daemon.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"port_host_mask": bad})),
+        );
+        assert_eq!(refused.status, 400, "{bad:?}: {}", refused.text());
+    }
+    daemon.delete_all();
+}
+
 /// A WebSocket handshake and one message each way over `stream`.
 fn websocket_echo(stream: &mut TcpStream, request_head: &str, message: &str) -> String {
     stream

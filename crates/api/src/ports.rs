@@ -203,17 +203,40 @@ fn is_daemon_secret(value: &str) -> bool {
     airlock_store::is_key_secret(value) || value.starts_with("at_") || value.starts_with("tt_")
 }
 
-/// Checks a request may reach `id`'s ports.
-fn admit(api: &Api, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(public) = api.daemon.ports_are_public(id) else {
+/// Longest host mask.
+const MAX_HOST_MASK: usize = 255;
+
+/// Checks a host mask (`maskRequestHost`): a `Host` value once `${PORT}`
+/// is replaced.
+pub fn check_host_mask(mask: &str) -> Result<(), String> {
+    let host = mask.replace("${PORT}", "65535");
+    if mask.is_empty() || mask.len() > MAX_HOST_MASK {
+        return Err(format!("must be 1 to {MAX_HOST_MASK} bytes"));
+    }
+    if !host
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b".-_:[]".contains(&b))
+    {
+        return Err(format!(
+            "{mask:?} is not a host (letters, digits, `.-_:[]` and `${{PORT}}`)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a request may reach `id`'s ports; the `Host` mask it goes in
+/// with, if any.
+fn admit(api: &Api, id: &str, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(access) = api.daemon.port_access(id) else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "sandbox_not_found",
             format!("The sandbox {id} was not found"),
         ));
     };
-    if public {
-        return Ok(());
+    let mask = access.host_mask;
+    if access.public {
+        return Ok(mask);
     }
     let opens = if let Some(token) = header_str(headers, TRAFFIC_TOKEN_HEADER) {
         Some(api.daemon.traffic_token_matches(id, token))
@@ -235,7 +258,7 @@ fn admit(api: &Api, id: &str, headers: &HeaderMap) -> Result<(), ApiError> {
         })
     };
     match opens {
-        Some(true) => Ok(()),
+        Some(true) => Ok(mask),
         Some(false) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
@@ -340,6 +363,18 @@ fn inward_uri(uri: &Uri, prefix: Option<&str>) -> Uri {
     text.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
 
+/// [`inward_uri`] for the fuzz targets.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_inward_uri(uri: &Uri, prefix: Option<&str>) -> Uri {
+    inward_uri(uri, prefix)
+}
+
+/// [`inward_headers`] for the fuzz targets.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_inward_headers(headers: &mut HeaderMap, upgrade: bool) {
+    inward_headers(headers, upgrade)
+}
+
 /// A 502 that says why the request could not go in.
 fn bad_gateway(id: &str, port: u16, message: String) -> Response {
     ApiError::new(
@@ -354,9 +389,10 @@ fn bad_gateway(id: &str, port: u16, message: String) -> Response {
 /// request's credentials open it, and streams the answer back.
 pub async fn forward(api: Api, target: Target, mut request: Request) -> Response {
     let Target { id, port, prefix } = target;
-    if let Err(e) = admit(&api, &id, request.headers()) {
-        return e.into_response();
-    }
+    let mask = match admit(&api, &id, request.headers()) {
+        Ok(mask) => mask,
+        Err(e) => return e.into_response(),
+    };
     // `/v1/sandboxes/ID/ports/PORT` alone: on to its directory, so that
     // the relative links of a page served there resolve under it.
     if let Some(prefix) = &prefix {
@@ -389,6 +425,12 @@ pub async fn forward(api: Api, target: Target, mut request: Request) -> Response
     let upgrade = is_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     inward_headers(request.headers_mut(), upgrade);
+    if let Some(mask) = mask {
+        let host = mask.replace("${PORT}", &port.to_string());
+        if let Ok(host) = HeaderValue::from_str(&host) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
     *request.uri_mut() = inward_uri(request.uri(), prefix.as_deref());
     let (mut sender, connection) =
         match hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream)).await {

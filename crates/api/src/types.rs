@@ -250,6 +250,9 @@ pub struct CreateSandbox {
     /// Let its ports answer requests from outside without a token
     /// (default: false; see `/v1/sandboxes/{id}/ports/{port}/`).
     pub public_ports: Option<bool>,
+    /// The `Host` requests to its ports go in with, `${PORT}` standing
+    /// for the port (e.g. `localhost:${PORT}`); default: the client's.
+    pub port_host_mask: Option<String>,
 }
 
 impl CreateSandbox {
@@ -322,6 +325,10 @@ impl CreateSandbox {
         }
         spec.collect_outputs = self.collect_outputs.unwrap_or(false);
         spec.public_ports = self.public_ports.unwrap_or(false);
+        if let Some(mask) = self.port_host_mask {
+            crate::ports::check_host_mask(&mask).map_err(|e| format!("port_host_mask: {e}"))?;
+            spec.port_host_mask = Some(mask);
+        }
         let timeout_s = self
             .timeout_s
             .unwrap_or(daemon.config().default_timeout.as_secs());

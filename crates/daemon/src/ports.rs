@@ -36,13 +36,25 @@ impl Daemon {
     }
 }
 
+/// How a sandbox's ports are reached (from its spec).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortAccess {
+    /// They answer without a token.
+    pub public: bool,
+    /// The `Host` requests go in with (`${PORT}`: the port).
+    pub host_mask: Option<String>,
+}
+
 impl Daemon {
-    /// Whether sandbox `id` (running or paused) lets its ports answer
-    /// without a token; `None` when there is no such sandbox (or it is
-    /// dead).
-    pub fn ports_are_public(&self, id: &str) -> Option<bool> {
+    /// How sandbox `id` (running or paused) lets its ports be reached;
+    /// `None` when there is no such sandbox (or it is dead).
+    pub fn port_access(&self, id: &str) -> Option<PortAccess> {
+        let of = |spec: &airlock_policy::SandboxSpec| PortAccess {
+            public: spec.public_ports,
+            host_mask: spec.port_host_mask.clone(),
+        };
         if let Some(sandbox) = self.live_sandbox(id) {
-            return Some(sandbox.spec.public_ports);
+            return Some(of(&sandbox.spec));
         }
         let row = self.with_store(|s| s.get_sandbox(id)).ok().flatten()?;
         if crate::sandboxes::state_of(&row).is_dead() {
@@ -50,6 +62,6 @@ impl Daemon {
         }
         serde_json::from_str::<airlock_policy::SandboxSpec>(&row.spec_json)
             .ok()
-            .map(|spec| spec.public_ports)
+            .map(|spec| of(&spec))
     }
 }

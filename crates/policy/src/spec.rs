@@ -72,6 +72,12 @@ pub struct SandboxSpec {
     /// API key that may use it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub public_ports: bool,
+    /// The `Host` requests to its ports go in with, `${PORT}` standing for
+    /// the port (e2b's `maskRequestHost`, e.g. `localhost:${PORT}` for a
+    /// dev server that answers only its own name); absent, the `Host` the
+    /// client sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_host_mask: Option<String>,
 }
 
 /// What happens to a sandbox at its timeout.
@@ -118,6 +124,7 @@ impl Default for SandboxSpec {
             lifecycle: Lifecycle::default(),
             collect_outputs: false,
             public_ports: false,
+            port_host_mask: None,
         }
     }
 }

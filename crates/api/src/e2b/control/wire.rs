@@ -69,6 +69,8 @@ pub struct NetworkConfig {
     /// airlock's default applies: they do not (e2b's cloud defaults to
     /// public; a self-hosted daemon opens nothing unasked).
     pub allow_public_traffic: Option<bool>,
+    /// The `Host` requests to its ports go in with (`${PORT}`: the port).
+    pub mask_request_host: Option<String>,
 }
 
 /// e2b's egress model onto airlock's policy. In e2b, internet access is on
@@ -276,6 +278,10 @@ impl NewSandbox {
             metadata: self.metadata.clone(),
             network: Some(network),
             public_ports: self.network.as_ref().and_then(|n| n.allow_public_traffic),
+            port_host_mask: self
+                .network
+                .as_ref()
+                .and_then(|n| n.mask_request_host.clone()),
             lifecycle: Some(lifecycle),
             volumes: self.volume_mounts.as_ref().map(|mounts| {
                 mounts

@@ -135,6 +135,12 @@ fn metadata_of(headers: &HeaderMap) -> Result<BTreeMap<String, String>> {
     Ok(metadata)
 }
 
+/// [`metadata_of`] for the fuzz targets: the metadata, or the 400's text.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_metadata(headers: &HeaderMap) -> std::result::Result<BTreeMap<String, String>, String> {
+    metadata_of(headers).map_err(|e| e.message)
+}
+
 /// The query of `/files`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]

@@ -26,6 +26,7 @@ mod process;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use super::files::fuzz_metadata as metadata;
     pub use super::files::fuzz_multipart as multipart;
     pub use super::gzip::fuzz_gunzip as gunzip;
 }
