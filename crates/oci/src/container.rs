@@ -740,13 +740,11 @@ impl Container {
 
     /// Kills every process of the sandbox at once, and the runtime's own
     /// (runc's stays outside the cgroup and holds the channel), so the
-    /// agent's channel closes (the teardown follows).
+    /// agent's channel closes (the teardown follows). The runtime goes
+    /// first: runc removes the container's cgroups once its init dies,
+    /// and the sandbox's figures (its OOM kills, its peak memory) are read
+    /// from them after this; the teardown removes them instead.
     pub fn kill(&self) {
-        self.killed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(self.cgroup.pids());
-        let _ = self.cgroup.kill_all(Duration::from_secs(5));
         if let Some(pid) = self
             .runtime_pid
             .and_then(|p| rustix::process::Pid::from_raw(p as i32))
@@ -754,6 +752,11 @@ impl Container {
             // Our unreaped child: its pid cannot have been reused.
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
         }
+        self.killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(self.cgroup.pids());
+        let _ = self.cgroup.kill_all(Duration::from_secs(5));
     }
 
     /// Releases everything the sandbox holds. Idempotent.
