@@ -145,6 +145,45 @@ test('pty: create, sendInput, resize, exit', { timeout: 60_000 }, async () => {
   assert.equal(result.exitCode, 0)
 })
 
+// A server the sandbox runs, reached at getHost(port) (the harness's daemon
+// has --sandbox-domain; with no wildcard DNS here the request goes to the
+// daemon's address with that host in Host, as a resolver would send it).
+test('getHost: a server inside answers with the traffic token', { timeout: 60_000 }, async () => {
+  const http = await import('node:http')
+  const sbx = await make()
+  const port = 8000
+  const host = sbx.getHost(port)
+  assert.equal(host, `${port}-${sbx.sandboxId}.sandboxes.airlock.test`)
+  await sbx.files.write('/tmp/hello/index.html', 'hello from js')
+  await sbx.commands.run(`cd /tmp/hello && python3 -m http.server ${port} --bind 127.0.0.1`, {
+    background: true,
+  })
+  const daemon = new URL(process.env.E2B_API_URL)
+  const get = (headers) =>
+    new Promise((resolve, reject) => {
+      const req = http.request(
+        { host: daemon.hostname, port: daemon.port, path: '/index.html', headers: { host, ...headers } },
+        (res) => {
+          let body = ''
+          res.on('data', (chunk) => (body += chunk))
+          res.on('end', () => resolve({ status: res.statusCode, body }))
+        },
+      )
+      req.on('error', reject)
+      req.end()
+    })
+  const token = { 'e2b-traffic-access-token': sbx.trafficAccessToken }
+  let answer
+  for (let i = 0; i < 300; i++) {
+    answer = await get(token)
+    if (answer.status === 200) break
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  assert.equal(answer.status, 200, answer.body)
+  assert.equal(answer.body, 'hello from js')
+  assert.equal((await get({})).status, 401)
+})
+
 test('kill', { timeout: 60_000 }, async () => {
   const sbx = await make()
   await sbx.kill()
