@@ -74,9 +74,15 @@
 //!   `.wh.` (the layer format's reserved prefix: it would read as a
 //!   whiteout), a name whose whiteout would be over 255 bytes, and a path
 //!   over 4095 bytes (what the unpacker accepts) are errors too.
+//! - **Extended attributes.** A regular file's `user.*` attributes (e2b's
+//!   file metadata lives there) but `user.overlay.*` (overlayfs's own) go
+//!   in a PAX record (`SCHILY.xattr.NAME`) before its entry, at most
+//!   [`MAX_CARRIED_XATTR_BYTES`] of names and values per file (the rest is
+//!   left out, counted, as is one with a newline, which tar readers cannot
+//!   read back); the unpacker applies those and only those.
 //! - **Not carried.** Other extended attributes (file capabilities, ACLs,
-//!   overlayfs's own `origin`/`impure` bookkeeping): the unpacker would not
-//!   apply them anyway. Nanoseconds, access and change times.
+//!   `trusted.*`, overlayfs's own `origin`/`impure` bookkeeping), and any on
+//!   directories and links. Nanoseconds, access and change times.
 //!
 //! # Bounds
 //!
@@ -89,7 +95,9 @@
 //! On any error the stream written so far is not a layer; the caller
 //! discards it.
 
-use crate::unpack::{shown, Limit, MAX_COMPONENT, MAX_PATH, NOBODY};
+use crate::unpack::{
+    is_carried_xattr, shown, Limit, MAX_CARRIED_XATTR_BYTES, MAX_COMPONENT, MAX_PATH, NOBODY,
+};
 use rustix::fs::{
     fgetxattr, flistxattr, fstat, openat, readlinkat, statat, AtFlags, Dir, FileType, Mode, OFlags,
     Stat, CWD,
@@ -178,6 +186,10 @@ pub struct Snapshotted {
     pub hard_links: u64,
     /// Nodes left out because [`Elide::nodes`] names them.
     pub elided: u64,
+    /// Extended attributes carried (in PAX records).
+    pub xattrs: u64,
+    /// Carried-kind extended attributes left out: past a file's bound.
+    pub skipped_xattrs: u64,
 }
 
 /// Why an upper could not be written out.
@@ -686,6 +698,83 @@ impl<W: Write> Walk<'_, W> {
         Ok(opaque)
     }
 
+    /// The extended attributes of a regular file that a layer carries
+    /// (names and values), after [`Walk::overlay_xattrs`] listed its names
+    /// into `self.xattrs`; past the bound, the rest are counted and left.
+    fn carried_xattrs(
+        &mut self,
+        fd: &OwnedFd,
+        path: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, SnapshotError> {
+        let len = match flistxattr(fd, &mut self.xattrs[..]) {
+            Ok(len) => len,
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(errno) => return Err(io_at("list the extended attributes of", path)(errno)),
+        };
+        // In byte order: the same tree gives the same bytes, and which
+        // are left past the bound does not depend on the file system.
+        let mut names: Vec<Vec<u8>> = self.xattrs[..len]
+            .split(|b| *b == 0)
+            .filter(|name| is_carried_xattr(name))
+            .map(<[u8]>::to_vec)
+            .collect();
+        names.sort_unstable();
+        let mut carried = Vec::new();
+        let mut total = 0usize;
+        let mut value = vec![0u8; 64 << 10];
+        for name in names {
+            let n = match fgetxattr(fd, &name[..], &mut value[..]) {
+                Ok(n) => n,
+                // Gone meanwhile, or grown past what one read holds.
+                Err(Errno::NODATA | Errno::RANGE) => {
+                    self.done.skipped_xattrs += 1;
+                    continue;
+                }
+                Err(errno) => return Err(io_at("read the extended attributes of", path)(errno)),
+            };
+            total += name.len() + n;
+            // A newline cannot be read back: tar readers split PAX
+            // records at newlines.
+            if total > MAX_CARRIED_XATTR_BYTES
+                || name.contains(&b'\n')
+                || value[..n].contains(&b'\n')
+            {
+                self.done.skipped_xattrs += 1;
+                continue;
+            }
+            carried.push((name, value[..n].to_vec()));
+        }
+        self.done.xattrs += carried.len() as u64;
+        Ok(carried)
+    }
+
+    /// Writes a PAX extended header (`x`) carrying `xattrs` for the entry
+    /// that follows it.
+    fn put_pax(&mut self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), SnapshotError> {
+        let mut records = Vec::new();
+        for (name, value) in xattrs {
+            records.extend(pax_record(b"SCHILY.xattr.", name, value));
+        }
+        // Held-back directories go before it, as before any entry.
+        for (header, name) in std::mem::take(&mut self.pending) {
+            self.put_entry(header, &name, None)?;
+        }
+        let mut header = Header::new_ustar();
+        let name = b"././@PaxHeader";
+        header.as_old_mut().name[..name.len()].copy_from_slice(name);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        let size = records.len() as u64;
+        header.set_size(size);
+        header.set_entry_type(EntryType::XHeader);
+        header.set_cksum();
+        self.out.write_all(header.as_bytes()).map_err(write_err)?;
+        self.out.write_all(&records).map_err(write_err)?;
+        self.pad(size)
+    }
+
     /// Writes the regular file `name` of `dir`, listed as `listed`: a hard
     /// link to its first name if it had one, else its data.
     fn file(
@@ -707,6 +796,7 @@ impl<W: Write> Walk<'_, W> {
         let fd = open_node(dir, name, FILE_FLAGS, path)?;
         let st = self.opened(&fd, listed, path)?;
         self.overlay_xattrs(&fd, path)?;
+        let carried = self.carried_xattrs(&fd, path)?;
         let size = u64::try_from(st.st_size).map_err(|_| changed(path))?;
         match self.done.bytes.checked_add(size) {
             Some(bytes) if bytes <= self.limits.max_bytes => {}
@@ -718,6 +808,9 @@ impl<W: Write> Walk<'_, W> {
             }
         }
         let meta = self.meta(&st);
+        if !carried.is_empty() {
+            self.put_pax(&carried)?;
+        }
         self.put(header(EntryType::Regular, &meta, size), path, None)?;
         let mut file = std::fs::File::from(fd);
         let mut left = size;
@@ -865,6 +958,24 @@ impl<W: Write> Walk<'_, W> {
         }
         Ok(())
     }
+}
+
+/// One PAX record, `LEN PREFIXKEY=VALUE\n`, its length counting itself.
+fn pax_record(prefix: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = prefix.len() + key.len() + value.len() + 3; // ' ', '=', '\n'
+    let mut len = body + 1;
+    while len != body + len.to_string().len() {
+        len = body + len.to_string().len();
+    }
+    let mut record = Vec::with_capacity(len);
+    record.extend_from_slice(len.to_string().as_bytes());
+    record.push(b' ');
+    record.extend_from_slice(prefix);
+    record.extend_from_slice(key);
+    record.push(b'=');
+    record.extend_from_slice(value);
+    record.push(b'\n');
+    record
 }
 
 /// A header of `kind` with `meta` and `size` (no name yet).

@@ -54,7 +54,12 @@
 //!   should exist on the host at all. Modification times are set
 //!   (directories' at the end, after their contents). **PAX extended
 //!   attributes (`SCHILY.xattr.*`) are not applied** (file capabilities
-//!   and ACLs would be a privilege source) but counted.
+//!   and ACLs would be a privilege source) but counted, except a regular
+//!   file's `user.*` ones other than `user.overlay.*` ([`is_carried_xattr`]:
+//!   plain data, such as e2b's file metadata, which snapshots carry), at
+//!   most [`MAX_CARRIED_XATTR_BYTES`] of names and values per file; the
+//!   sandboxes' overlays take `user.overlay.*` for their own, so a layer
+//!   never sets one (an opaque directory comes from its marker only).
 //! - **Limits** ([`UnpackLimits`]): the regular files' bytes (and any data
 //!   the tar stream carries beside them: data of non-file entries, bytes
 //!   after the end-of-archive) and the number of entries are capped; the
@@ -72,9 +77,10 @@ mod tree;
 pub use stream::Compression;
 
 use rustix::fs::{
-    chmodat, chownat, fchmod, fchown, futimens, linkat, mknodat, openat, symlinkat, utimensat,
-    AtFlags, FileType, Mode, OFlags, Timespec, Timestamps,
+    chmodat, chownat, fchmod, fchown, fsetxattr, futimens, linkat, mknodat, openat, symlinkat,
+    utimensat, AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, XattrFlags,
 };
+use rustix::io::Errno;
 use rustix::process::{Gid, Uid};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -93,6 +99,17 @@ pub const MAX_COMPONENT: usize = 255;
 pub const NOBODY: u32 = 65534;
 /// The first id a sandbox cannot map.
 const ID_RANGE: u64 = 65536;
+/// The most bytes of extended attributes (names and values) a layer
+/// carries for one file.
+pub const MAX_CARRIED_XATTR_BYTES: usize = 64 << 10;
+
+/// Whether a layer carries an extended attribute of this name (for a
+/// regular file): `user.*`, which has no meaning to the kernel, but
+/// `user.overlay.*`, which the sandboxes' overlayfs mounts (`userxattr`)
+/// read as their own.
+pub fn is_carried_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"user.") && !name.starts_with(b"user.overlay.") && name.len() <= MAX_COMPONENT
+}
 
 /// What one layer may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +152,8 @@ pub struct Unpacked {
     pub clamped_ids: u64,
     /// PAX extended attributes (`SCHILY.xattr.*`) not applied.
     pub skipped_xattrs: u64,
+    /// PAX extended attributes applied (see [`is_carried_xattr`]).
+    pub xattrs: u64,
     /// Whiteouts made (character devices 0:0).
     pub whiteouts: u64,
     /// Directories made opaque.
@@ -354,6 +373,7 @@ pub fn unpack_layer(
         skipped_devices: layer.skipped_devices,
         clamped_ids: layer.clamped_ids,
         skipped_xattrs: layer.skipped_xattrs,
+        xattrs: layer.xattrs,
         whiteouts: layer.whiteouts,
         opaque_dirs: layer.tree.opaque_dirs,
     })
@@ -397,6 +417,7 @@ struct Layer {
     skipped_devices: u64,
     clamped_ids: u64,
     skipped_xattrs: u64,
+    xattrs: u64,
     whiteouts: u64,
 }
 
@@ -576,6 +597,7 @@ impl Layer {
             skipped_devices: 0,
             clamped_ids: 0,
             skipped_xattrs: 0,
+            xattrs: 0,
             whiteouts: 0,
         }
     }
@@ -629,7 +651,7 @@ impl Layer {
             return self.skip(size);
         }
         let name = Name::parse(&raw_name)?;
-        self.count_xattrs(entry)?;
+        let xattrs = self.carried_xattrs(entry, kind == Kind::File)?;
         let meta = self.meta(entry.header())?;
         let (_, last) = name.split();
         match Whiteout::of(last)? {
@@ -647,7 +669,7 @@ impl Layer {
         }
         match kind {
             Kind::File => {
-                self.file(&name, entry, &meta)?;
+                self.file(&name, entry, &meta, &xattrs)?;
                 return Ok(0);
             }
             Kind::Dir => self.dir(&name, &meta)?,
@@ -679,22 +701,34 @@ impl Layer {
         }
     }
 
-    fn count_xattrs<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), Fail> {
+    /// The extended attributes of the entry that a layer carries (only
+    /// for a regular file, `file`); the others are counted as skipped.
+    fn carried_xattrs<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        file: bool,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Fail> {
         let corrupt = |e: io::Error| Fail {
             kind: FailKind::Corrupt(e),
         };
+        let mut carried = Vec::new();
+        let mut total = 0usize;
         if let Some(extensions) = entry.pax_extensions().map_err(corrupt)? {
             for extension in extensions {
-                if extension
-                    .map_err(corrupt)?
-                    .key_bytes()
-                    .starts_with(b"SCHILY.xattr.")
-                {
+                let extension = extension.map_err(corrupt)?;
+                let Some(name) = extension.key_bytes().strip_prefix(b"SCHILY.xattr.") else {
+                    continue;
+                };
+                let value = extension.value_bytes();
+                total = total.saturating_add(name.len() + value.len());
+                if file && is_carried_xattr(name) && total <= MAX_CARRIED_XATTR_BYTES {
+                    carried.push((name.to_vec(), value.to_vec()));
+                } else {
                     self.skipped_xattrs += 1;
                 }
             }
         }
-        Ok(())
+        Ok(carried)
     }
 
     fn meta(&mut self, header: &tar::Header) -> Result<Meta, Fail> {
@@ -769,6 +803,7 @@ impl Layer {
         name: &Name,
         entry: &mut tar::Entry<'_, R>,
         meta: &Meta,
+        xattrs: &[(Vec<u8>, Vec<u8>)],
     ) -> Result<(), Fail> {
         let size = entry.size();
         self.charge(size)?;
@@ -791,6 +826,14 @@ impl Layer {
             });
         }
         set_meta(&file, meta)?;
+        for (xattr, value) in xattrs {
+            match fsetxattr(&file, &xattr[..], value, XattrFlags::empty()) {
+                Ok(()) => self.xattrs += 1,
+                // A store without user attributes keeps the file without.
+                Err(Errno::NOTSUP) => self.skipped_xattrs += 1,
+                Err(errno) => return Err(Fail::io("set an extended attribute")(errno)),
+            }
+        }
         futimens(&file, &times(meta.mtime)).map_err(Fail::io("set a file's times"))?;
         self.bytes += size;
         self.files.insert(name.path.clone());

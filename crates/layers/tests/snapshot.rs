@@ -255,6 +255,8 @@ fn the_layer_has_the_uppers_entries_in_order_with_whiteouts_and_markers() {
             unmapped_ids: 1,
             hard_links: 1,
             elided: 0,
+            xattrs: 0,
+            skipped_xattrs: 0,
         }
     );
 }
@@ -378,6 +380,178 @@ fn the_unpacker_makes_the_upper_back_from_its_layer() {
     // The hard link pair is one file again.
     let ino = |p: &str| fs::metadata(into.join(p)).unwrap().ino();
     assert_eq!(ino("link1"), ino("link2"));
+}
+
+fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let mut value = vec![0u8; 70_000];
+    match rustix::fs::lgetxattr(path, name, &mut value[..]) {
+        Ok(n) => Some(value[..n].to_vec()),
+        Err(rustix::io::Errno::NODATA) => None,
+        Err(e) => panic!("getxattr {name} of {}: {e}", path.display()),
+    }
+}
+
+#[test]
+fn a_files_user_attributes_go_through_the_layer_and_nothing_else_does() {
+    require_root();
+    // On a tmpfs: ext4 holds a file's attributes in one block, too small
+    // for the bound checked here.
+    let tmp = tempfile::tempdir().unwrap();
+    let _tmpfs = Tmpfs::new(tmp.path());
+    let upper = tmp.path().join("upper");
+    let at = |p: &str| upper.join(p);
+    dir(&upper, 0o755, BASE, BASE);
+    file(&at("a.txt"), b"hello", 0o644, BASE, BASE);
+    dir(&at("home"), 0o755, BASE, BASE);
+    file(&at("home/notes"), b"n", 0o644, BASE, BASE);
+    // e2b's file metadata, and a value of every byte but the newline
+    // (one with a newline stays out: tar readers split PAX records there).
+    set_xattr(&at("a.txt"), "user.e2b.author", b"someone");
+    let bytes: Vec<u8> = (0..=255).filter(|b| *b != b'\n').collect();
+    set_xattr(&at("a.txt"), "user.e2b.binary", &bytes);
+    set_xattr(&at("a.txt"), "user.e2b.lines", b"a\nb");
+    // overlayfs's own bookkeeping, never carried; nor trusted.* nor a
+    // directory's.
+    set_xattr(&at("a.txt"), "user.overlay.origin", b"x");
+    set_xattr(&at("a.txt"), "trusted.airlock", b"t");
+    set_xattr(&at("home"), "user.dir", b"d");
+    // Past the bound per file, the rest stays out (counted).
+    set_xattr(&at("home/notes"), "user.big1", &vec![b'a'; 40_000]);
+    set_xattr(&at("home/notes"), "user.big2", &vec![b'b'; 40_000]);
+    for p in ["a.txt", "home/notes", "home", ""] {
+        touch(&at(p));
+    }
+    let (layer, done) = snapshot(&upper);
+    assert_eq!((done.xattrs, done.skipped_xattrs), (3, 2), "{done:?}");
+    let into = tmp.path().join("into");
+    fs::create_dir(&into).unwrap();
+    let unpacked = unpack_layer(&layer[..], &into, &UnpackLimits::default()).unwrap();
+    assert_eq!(unpacked.xattrs, 3, "{unpacked:?}");
+    let file = into.join("a.txt");
+    assert_eq!(
+        get_xattr(&file, "user.e2b.author").as_deref(),
+        Some(&b"someone"[..])
+    );
+    assert_eq!(get_xattr(&file, "user.e2b.binary"), Some(bytes));
+    assert_eq!(get_xattr(&file, "user.overlay.origin"), None);
+    assert_eq!(get_xattr(&file, "user.e2b.lines"), None);
+    assert_eq!(get_xattr(&file, "trusted.airlock"), None);
+    assert_eq!(get_xattr(&into.join("home"), "user.dir"), None);
+    assert_eq!(fs::read(&file).unwrap(), b"hello");
+    let notes = into.join("home/notes");
+    assert_eq!(
+        get_xattr(&notes, "user.big1").map(|v| v.len()),
+        Some(40_000)
+    );
+    assert_eq!(get_xattr(&notes, "user.big2"), None);
+    // Two snapshots of the tree are still the same bytes.
+    assert_eq!(snapshot(&upper).0, layer);
+}
+
+/// A tmpfs mounted for a test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(at: &Path) -> Self {
+        rustix::mount::mount(
+            "none",
+            at,
+            "tmpfs",
+            rustix::mount::MountFlags::empty(),
+            c"size=64m",
+        )
+        .unwrap_or_else(|e| panic!("mount a tmpfs on {}: {e}", at.display()));
+        Self(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+    }
+}
+
+/// A hand-made layer whose PAX records try what a layer may not: overlayfs
+/// attributes, privileged namespaces, attributes on a directory.
+#[test]
+fn a_layers_pax_attributes_apply_only_as_plain_user_data_on_files() {
+    require_root();
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut add = |name: &str, kind: tar::EntryType, records: &[(&str, &[u8])], data: &[u8]| {
+        if !records.is_empty() {
+            let mut pax = Vec::new();
+            for (key, value) in records {
+                let body = key.len() + value.len() + 3;
+                let mut len = body + 1;
+                while len != body + len.to_string().len() {
+                    len = body + len.to_string().len();
+                }
+                pax.extend_from_slice(format!("{len} {key}=").as_bytes());
+                pax.extend_from_slice(value);
+                pax.push(b'\n');
+            }
+            let mut header = tar::Header::new_ustar();
+            header.set_path("././@PaxHeader").unwrap();
+            header.set_entry_type(tar::EntryType::XHeader);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(0);
+            header.set_size(pax.len() as u64);
+            header.set_cksum();
+            builder.append(&header, &pax[..]).unwrap();
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_path(name).unwrap();
+        header.set_entry_type(kind);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_mode(0o755);
+        header.set_size(data.len() as u64);
+        header.set_cksum();
+        builder.append(&header, data).unwrap();
+    };
+    add(
+        "dir/",
+        tar::EntryType::Directory,
+        &[("SCHILY.xattr.user.overlay.opaque", b"y")],
+        b"",
+    );
+    add(
+        "dir/file",
+        tar::EntryType::Regular,
+        &[
+            ("SCHILY.xattr.user.overlay.redirect", b"/etc"),
+            ("SCHILY.xattr.user.overlay.metacopy", b""),
+            ("SCHILY.xattr.security.capability", b"\x01\x00\x00\x02"),
+            ("SCHILY.xattr.trusted.overlay.opaque", b"y"),
+            ("SCHILY.xattr.user.kept", b"yes"),
+        ],
+        b"data",
+    );
+    let layer = builder.into_inner().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let unpacked = unpack_layer(&layer[..], tmp.path(), &UnpackLimits::default()).unwrap();
+    assert_eq!(
+        (unpacked.xattrs, unpacked.skipped_xattrs),
+        (1, 5),
+        "{unpacked:?}"
+    );
+    let file = tmp.path().join("dir/file");
+    assert_eq!(get_xattr(&file, "user.kept").as_deref(), Some(&b"yes"[..]));
+    for name in [
+        "user.overlay.redirect",
+        "user.overlay.metacopy",
+        "security.capability",
+        "trusted.overlay.opaque",
+    ] {
+        assert_eq!(get_xattr(&file, name), None, "{name}");
+    }
+    assert_eq!(
+        get_xattr(&tmp.path().join("dir"), "user.overlay.opaque"),
+        None
+    );
 }
 
 #[test]
