@@ -12,6 +12,8 @@ import inspect
 import time
 import uuid
 
+import pytest
+
 from e2b import Sandbox, SandboxQuery, SandboxState
 
 from conftest import has_lifecycle, list_all, pause, wait_state
@@ -192,3 +194,30 @@ def test_a_timeout_that_pauses_keeping_files_only_is_resumed_by_connect(make_san
     resumed = Sandbox.connect(sbx.sandbox_id, timeout=60)
     assert resumed.files.read("/home/user/kept") == "kept"
     assert sleepers(resumed) == "0"
+
+
+def test_file_metadata_survives_snapshots_forks_and_filesystem_pauses(make_sandbox):
+    from e2b.sandbox_sync.filesystem.filesystem import Filesystem
+
+    if "metadata" not in inspect.signature(Filesystem.write).parameters:
+        pytest.skip("this SDK release has no file metadata")
+    meta = {"author": "airlock", "stage": "one"}
+    sbx = make_sandbox(template="base")
+    sbx.files.write("/home/user/tagged.txt", "kept", metadata=meta)
+    info = sbx.create_snapshot()
+    child = make_sandbox(template=info.snapshot_id)
+    assert child.files.get_info("/home/user/tagged.txt").metadata == meta
+    assert child.files.read("/home/user/tagged.txt") == "kept"
+    # An overwrite in the child replaces it there only.
+    child.files.write("/home/user/tagged.txt", "changed", metadata={"stage": "two"})
+    assert child.files.get_info("/home/user/tagged.txt").metadata == {"stage": "two"}
+    assert sbx.files.get_info("/home/user/tagged.txt").metadata == meta
+    forks = sbx.fork(count=1, timeout=60)
+    try:
+        assert forks[0].files.get_info("/home/user/tagged.txt").metadata == meta
+    finally:
+        forks[0].kill()
+    if pause_files_only(sbx):
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert sbx.files.get_info("/home/user/tagged.txt").metadata == meta
+    assert Sandbox.delete_snapshot(info.snapshot_id)

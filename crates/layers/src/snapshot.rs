@@ -701,11 +701,7 @@ impl<W: Write> Walk<'_, W> {
     /// The extended attributes of a regular file that a layer carries
     /// (names and values), after [`Walk::overlay_xattrs`] listed its names
     /// into `self.xattrs`; past the bound, the rest are counted and left.
-    fn carried_xattrs(
-        &mut self,
-        fd: &OwnedFd,
-        path: &[u8],
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, SnapshotError> {
+    fn carried_xattrs(&mut self, fd: &OwnedFd, path: &[u8]) -> Result<Xattrs, SnapshotError> {
         let len = match flistxattr(fd, &mut self.xattrs[..]) {
             Ok(len) => len,
             Err(Errno::NOTSUP) => return Ok(Vec::new()),
@@ -750,7 +746,7 @@ impl<W: Write> Walk<'_, W> {
 
     /// Writes a PAX extended header (`x`) carrying `xattrs` for the entry
     /// that follows it.
-    fn put_pax(&mut self, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<(), SnapshotError> {
+    fn put_pax(&mut self, xattrs: &Xattrs) -> Result<(), SnapshotError> {
         let mut records = Vec::new();
         for (name, value) in xattrs {
             records.extend(pax_record(b"SCHILY.xattr.", name, value));
@@ -959,6 +955,9 @@ impl<W: Write> Walk<'_, W> {
         Ok(())
     }
 }
+
+/// Extended attributes a layer carries for a file: names and values.
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// One PAX record, `LEN PREFIXKEY=VALUE\n`, its length counting itself.
 fn pax_record(prefix: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {

@@ -97,6 +97,9 @@ pub const MAX_PATH: usize = 4095;
 pub const MAX_COMPONENT: usize = 255;
 /// The uid and gid that ids past a sandbox's range (65536 and up) become.
 pub const NOBODY: u32 = 65534;
+/// Extended attributes applied to a file: names and values.
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The first id a sandbox cannot map.
 const ID_RANGE: u64 = 65536;
 /// The most bytes of extended attributes (names and values) a layer
@@ -707,7 +710,7 @@ impl Layer {
         &mut self,
         entry: &mut tar::Entry<'_, R>,
         file: bool,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, Fail> {
+    ) -> Result<Xattrs, Fail> {
         let corrupt = |e: io::Error| Fail {
             kind: FailKind::Corrupt(e),
         };
@@ -803,7 +806,7 @@ impl Layer {
         name: &Name,
         entry: &mut tar::Entry<'_, R>,
         meta: &Meta,
-        xattrs: &[(Vec<u8>, Vec<u8>)],
+        xattrs: &Xattrs,
     ) -> Result<(), Fail> {
         let size = entry.size();
         self.charge(size)?;

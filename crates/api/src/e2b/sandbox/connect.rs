@@ -342,8 +342,22 @@ pub async fn stream_request<T: DeserializeOwned + Send + 'static>(
         .next()
         .await
         .unwrap_or_else(|| Err(ConnectError::invalid("the request carries no message")))?;
+    // The body's end (a chunked body's last chunk) is read too: an error
+    // answer closes the connection (see `e2b::closing_on_error`), and a
+    // close with request bytes still unread makes the kernel reset the
+    // connection, which can destroy the answer before the client reads it
+    // (the SDK then sees "connection closed before message completed").
+    // A client that keeps its body open is not waited for long.
+    let _ = tokio::time::timeout(DRAIN_WAIT, async {
+        while messages.next().await.is_some() {}
+    })
+    .await;
     Ok(first)
 }
+
+/// How long a server-streaming call waits for the end of its request body
+/// after its one message.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The messages of a client stream, in order; an error ends it.
 pub fn client_stream<T: DeserializeOwned + Send + 'static>(
