@@ -69,6 +69,7 @@ mod process;
 mod reaper;
 pub mod restorable;
 mod session;
+mod spawn;
 mod tunnel;
 mod watch;
 

@@ -60,9 +60,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -344,7 +342,8 @@ fn spawn_failure(cmd: &str, error: &io::Error) -> Failure {
     }
 }
 
-/// Checks the cwd, forks and execs; returns once the exec succeeded.
+/// Checks the cwd, starts the command ([`crate::spawn`]); returns once
+/// the exec succeeded.
 fn launch(plan: Launch) -> Result<Launched, Failure> {
     match std::fs::metadata(&plan.cwd) {
         Ok(meta) if meta.is_dir() => {}
@@ -367,52 +366,80 @@ fn launch(plan: Launch) -> Result<Launched, Failure> {
             ))
         }
     }
-    let mut command = Command::new(&plan.cmd);
-    command.args(&plan.args).env_clear().envs(&plan.env);
-    // The master; the slave's descriptors live in `command` only, so none
-    // is left in the agent once the command is dropped after the spawn.
-    let terminal = match plan.pty {
+    let null = || {
+        rustix::fs::open(
+            "/dev/null",
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(io::Error::from)
+    };
+    let pipe =
+        || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(io::Error::from);
+    // The child's ends (closed here once it runs) and ours.
+    let (theirs, ours): ([OwnedFd; 3], Ours) = match plan.pty {
         Some(size) => {
             let opened = open_terminal(size, plan.terminal_owner).and_then(|(master, slave)| {
-                command
-                    .stdin(Stdio::from(slave.try_clone()?))
-                    .stdout(Stdio::from(slave.try_clone()?))
-                    .stderr(Stdio::from(slave));
-                Ok(master)
+                Ok((
+                    [slave.try_clone()?, slave.try_clone()?, slave],
+                    Ours {
+                        stdin: None,
+                        stdout: None,
+                        stderr: None,
+                        terminal: Some(master),
+                    },
+                ))
             });
-            Some(opened.map_err(|error| Failure::io("a terminal could not be opened", &error))?)
+            opened.map_err(|error| Failure::io("a terminal could not be opened", &error))?
         }
         None => {
-            command
-                .stdin(if plan.stdin {
-                    Stdio::piped()
+            let opened = (|| {
+                let (stdin_theirs, stdin_ours) = if plan.stdin {
+                    let (read, write) = pipe()?;
+                    (read, Some(write))
                 } else {
-                    Stdio::null()
-                })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            None
+                    (null()?, None)
+                };
+                let (stdout_ours, stdout_theirs) = pipe()?;
+                let (stderr_ours, stderr_theirs) = pipe()?;
+                Ok::<_, io::Error>((
+                    [stdin_theirs, stdout_theirs, stderr_theirs],
+                    Ours {
+                        stdin: stdin_ours,
+                        stdout: Some(stdout_ours),
+                        stderr: Some(stderr_ours),
+                        terminal: None,
+                    },
+                ))
+            })();
+            opened.map_err(|error| Failure::io("the pipes could not be made", &error))?
         }
     };
-    let setup = plan.setup;
-    // SAFETY: the closure runs in the forked child before exec, where only
-    // async-signal-safe work is allowed. `ChildSetup::apply` makes raw system
-    // calls on values computed before the fork: no allocation, no locks, no
-    // access to state another thread could have left half-changed.
-    unsafe {
-        command.pre_exec(move || setup.apply());
-    }
-    let mut child = command
-        .spawn()
-        .map_err(|error| spawn_failure(&plan.cmd, &error))?;
-    // Dropping a `Child` neither waits nor kills; the reaper owns the pid.
+    let pid = crate::spawn::spawn(
+        &plan.cmd,
+        &plan.args,
+        &plan.env,
+        [&theirs[0], &theirs[1], &theirs[2]],
+        &plan.setup,
+    )
+    .map_err(|error| spawn_failure(&plan.cmd, &error))?;
+    drop(theirs);
+    // The reaper owns the pid.
     Ok(Launched {
-        pid: child.id(),
-        stdin: child.stdin.take().map(OwnedFd::from),
-        stdout: child.stdout.take().map(OwnedFd::from),
-        stderr: child.stderr.take().map(OwnedFd::from),
-        terminal,
+        pid,
+        stdin: ours.stdin,
+        stdout: ours.stdout,
+        stderr: ours.stderr,
+        terminal: ours.terminal,
     })
+}
+
+/// Our ends of a child's standard descriptors.
+struct Ours {
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+    terminal: Option<OwnedFd>,
 }
 
 impl Processes {
