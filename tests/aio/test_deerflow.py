@@ -5,7 +5,8 @@ wait), destroy (delete), with its API key; its validation of thread ids,
 user ids and extra mounts. The sandbox, through agent-sandbox as DeerFlow's
 AioSandbox calls it: the bash tool (the implicit shell session), explicit
 sessions and their recreation on 404, the env tool (one-shot bash), files
-(read, write, append, base64 update, download, list, find, grep). And the
+(read, write, append, base64 update, download, list, find, grep, upload,
+glob, the str_replace editor), shell view, wait and write. And the
 host side of a thread: its user data under the base directory, the public
 skills read-only, extra mounts. Each test creates its own sandboxes.
 """
@@ -813,3 +814,258 @@ def test_grep(thread):
     assert deerflow_grep(sbx, root, "bigneedle")[0] == set()
     matches, _ = deerflow_grep(sbx, root, "bigneedle", max_file_size="4M")
     assert {(m[0], m[2]) for m in matches} == {(f"{root}/big.log", "bigneedle")}
+
+
+# --- Shell view, wait and write -------------------------------------------
+
+
+def raw(thread, path, body):
+    """A POST to the sandbox's AIO API as JSON, without the client: the
+    response."""
+    return requests.post(
+        f"{thread.url}{path}", json=body, timeout=30, proxies={"http": None, "https": None}
+    )
+
+
+@pytest.mark.deadline(60)
+def test_shell_write_answers_a_prompt(thread):
+    """A command waiting at a prompt: exec returns on no_change_timeout,
+    view shows it running with its prompt, write answers it, wait sees it
+    complete with the output; then nothing runs and a write is refused."""
+    sbx = thread.client
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    first = sbx.shell.exec_command(
+        id=session,
+        command='printf "name? "; read -r name; echo "hello, $name"',
+        no_change_timeout=2,
+    ).data
+    assert first.status == "no_change_timeout", first
+    assert "name?" in first.output
+    viewed = sbx.shell.view(id=session).data
+    assert viewed.status == "running", viewed
+    assert viewed.session_id == session
+    assert viewed.output.startswith("name?"), viewed
+    assert "read -r name" in viewed.command
+    written = sbx.shell.write_to_process(id=session, input="airlock", press_enter=True).data
+    assert written.status == "running", written
+    waited = sbx.shell.wait_for_process(id=session, seconds=20).data
+    assert waited.status == "completed", waited
+    assert "hello, airlock" in waited.output, waited
+    assert waited.exit_code == 0, waited
+    viewed = sbx.shell.view(id=session).data
+    assert viewed.status == "completed" and viewed.exit_code == 0, viewed
+    assert "__AIRLOCK" not in viewed.output
+    assert viewed.console and viewed.console[0].output == viewed.output
+    # Nothing runs now: input goes nowhere, and says so; the shell is fine.
+    error = api_error(sbx.shell.write_to_process, id=session, input="echo leaked", press_enter=True)
+    assert error.status_code == 409, error
+    after = sbx.shell.exec_command(id=session, command="echo ok", no_change_timeout=600).data
+    assert after.output.strip() == "ok", after
+    assert "leaked" not in sbx.shell.view(id=session).data.output
+
+
+@pytest.mark.deadline(60)
+def test_shell_view_and_wait_of_a_running_command(thread):
+    """view shows the output a running command has printed so far; wait
+    returns "running" at its limit, "completed" once it ends, and the
+    session then runs the next command."""
+    sbx = thread.client
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    first = sbx.shell.exec_command(
+        id=session, command="echo one; sleep 1; echo two; sleep 4; echo three", no_change_timeout=0.5
+    ).data
+    assert first.status == "no_change_timeout", first
+    time.sleep(1.5)
+    viewed = sbx.shell.view(id=session).data
+    assert viewed.status == "running", viewed
+    assert "one" in viewed.output and "two" in viewed.output, viewed
+    assert "three" not in viewed.output, viewed
+    started = time.monotonic()
+    waited = sbx.shell.wait_for_process(id=session, seconds=1).data
+    assert waited.status == "running", waited
+    assert time.monotonic() - started >= 0.9
+    waited = sbx.shell.wait_for_process(id=session, seconds=20, max_wait_seconds=30).data
+    assert waited.status == "completed", waited
+    assert waited.output.split() == ["one", "two", "three"], waited
+    result = sbx.shell.exec_command(id=session, command="echo next", no_change_timeout=600).data
+    assert result.status == "completed" and result.output.strip() == "next", result
+
+
+@pytest.mark.deadline(60)
+def test_shell_view_during_an_exec_does_not_disturb_it(thread):
+    """A view while an exec call is under way on the session answers at
+    once with the output so far; the exec still gets its whole output."""
+    sbx = thread.client
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(
+            sbx.shell.exec_command,
+            id=session,
+            command="echo start; sleep 2; echo end",
+            no_change_timeout=600,
+        )
+        time.sleep(1)
+        started = time.monotonic()
+        viewed = sbx.shell.view(id=session).data
+        assert time.monotonic() - started < 1, "view waited for the exec"
+        assert viewed.status == "running", viewed
+        assert viewed.output.strip() == "start", viewed
+        result = running.result().data
+    assert result.status == "completed", result
+    assert result.output.split() == ["start", "end"], result
+
+
+@pytest.mark.deadline(60)
+def test_input_left_unread_goes_nowhere(thread):
+    """A command's stdin is its own: what it leaves unread is dropped with
+    it, never run by the shell nor read by the next command."""
+    sbx = thread.client
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    first = sbx.shell.exec_command(id=session, command="head -c 3; echo", no_change_timeout=1).data
+    assert first.status == "no_change_timeout", first
+    sbx.shell.write_to_process(id=session, input="abc; touch /tmp/ran", press_enter=True)
+    waited = sbx.shell.wait_for_process(id=session, seconds=20).data
+    assert waited.status == "completed" and waited.output.strip() == "abc", waited
+    after = sbx.shell.exec_command(
+        id=session, command='read -r -t 1 x; echo "[$x]"; ls /tmp/ran 2>&1 | tail -1', no_change_timeout=600
+    ).data
+    lines = after.output.strip().splitlines()
+    assert lines[0] == "[]", after
+    assert "No such file" in lines[1], after
+
+
+def test_shell_view_wait_write_errors(thread):
+    """Unknown sessions are the structured 404; bad bodies are 4xx."""
+    sbx = thread.client
+    for call, kwargs in (
+        (sbx.shell.view, {}),
+        (sbx.shell.wait_for_process, {"seconds": 1}),
+        (sbx.shell.write_to_process, {"input": "x", "press_enter": False}),
+    ):
+        assert_session_not_found(api_error(call, id=f"nope-{tag()}", **kwargs))
+    session = f"s-{tag()}"
+    sbx.shell.create_session(id=session)
+    fresh = sbx.shell.view(id=session).data
+    assert fresh.status == "completed" and fresh.output == "" and fresh.command is None
+    assert raw(thread, "/v1/shell/wait", {"id": session, "seconds": -1}).status_code == 400
+    assert raw(thread, "/v1/shell/write", {"id": session, "input": "x"}).status_code == 422
+    too_big = raw(thread, "/v1/shell/write", {"id": session, "input": "x" * (65 << 10), "press_enter": False})
+    assert too_big.status_code == 413, too_big.text
+    assert raw(thread, "/v1/shell/view", {}).status_code == 422
+
+
+# --- Upload, glob and the editor ------------------------------------------
+
+
+def test_upload_file(thread):
+    """upload_file: multipart, the bytes where `path` says (parents made),
+    or in the home directory under the file's name."""
+    sbx = thread.client
+    data = bytes(range(256)) * 40 + b"\r\n--not-a-boundary\r\n"
+    result = sbx.file.upload_file(file=("blob.bin", data), path="/tmp/up/deep/blob.bin").data
+    assert result.success and result.file_path == "/tmp/up/deep/blob.bin"
+    assert result.file_size == len(data)
+    assert download(sbx, "/tmp/up/deep/blob.bin") == data
+    result = sbx.file.upload_file(file=("named.txt", b"hi\n")).data
+    assert result.file_path == "/home/user/named.txt", result
+    assert thread.out("cat /home/user/named.txt") == "hi"
+    answer = requests.post(
+        f"{thread.url}/v1/file/upload",
+        files={"other": ("x", b"y")},
+        data={"path": "/tmp/nothing"},
+        timeout=30,
+        proxies={"http": None, "https": None},
+    )
+    assert answer.status_code == 422, answer.text
+    answer = raw(thread, "/v1/file/upload", {"path": "/tmp/nothing"})
+    assert answer.status_code == 422, answer.text
+    assert thread.out("ls /tmp/nothing 2>&1 || true").endswith("No such file or directory")
+
+
+def test_glob_files(thread):
+    """glob_files: shell glob semantics relative to `path`, hidden entries
+    only when asked, exclusions, sorting, max_results with truncated."""
+    sbx = thread.client
+    root = f"/tmp/glob-{tag()}"
+    thread.sh(
+        f"mkdir -p {root}/src/pkg {root}/.hidden && cd {root} && "
+        "printf a > top.py && printf abc > src/mid.py && printf abcdef > src/pkg/deep.py && "
+        "printf x > src/notes.txt && printf h > .hidden/secret.py"
+    )
+    found = sbx.file.glob_files(path=root, pattern="**/*.py").data
+    assert sorted(f.path for f in found.files) == [
+        f"{root}/src/mid.py",
+        f"{root}/src/pkg/deep.py",
+        f"{root}/top.py",
+    ], found
+    assert found.total_count == 3 and not found.truncated
+    assert all(f.size is not None and f.modified_time for f in found.files)
+    top = sbx.file.glob_files(path=root, pattern="*.py").data
+    assert [f.path for f in top.files] == [f"{root}/top.py"]
+    hidden = sbx.file.glob_files(path=root, pattern="**/*.py", include_hidden=True).data
+    assert f"{root}/.hidden/secret.py" in [f.path for f in hidden.files]
+    excluded = sbx.file.glob_files(path=root, pattern="**/*.py", exclude=["src/pkg/**"]).data
+    assert f"{root}/src/pkg/deep.py" not in [f.path for f in excluded.files]
+    assert len(excluded.files) == 2
+    biggest = sbx.file.glob_files(
+        path=root, pattern="**/*.py", sort_by="size", sort_desc=True, max_results=1
+    ).data
+    assert [f.name for f in biggest.files] == ["deep.py"]
+    assert biggest.total_count == 3 and biggest.truncated
+    dirs = sbx.file.glob_files(path=root, pattern="src/*", files_only=False).data
+    assert {(f.name, f.is_directory) for f in dirs.files} == {
+        ("mid.py", False), ("pkg", True), ("notes.txt", False)
+    }
+    assert raw(thread, "/v1/file/glob", {"path": root, "pattern": "*", "max_results": 0}).status_code == 400
+    assert raw(thread, "/v1/file/glob", {"path": root, "pattern": "*", "sort_by": "colour"}).status_code == 400
+    assert api_error(sbx.file.glob_files, path=f"{root}/none", pattern="*").status_code == 404
+
+
+def test_str_replace_editor(thread):
+    """The editor: create (not over a file), view (numbered, ranges,
+    directories), str_replace (unique, or a mode; absent and ambiguous
+    strings are refused and change nothing), insert, undo_edit."""
+    sbx = thread.client
+    edit = sbx.file.str_replace_editor
+    root = f"/tmp/edit-{tag()}"
+    path = f"{root}/a.py"
+    created = edit(command="create", path=path, file_text="one\ntwo\ntwo\nfour\n").data
+    assert created.prev_exist is False and "created" in created.output
+    assert thread.out(f"cat {path}") == "one\ntwo\ntwo\nfour"
+    error = api_error(edit, command="create", path=path, file_text="clobbered")
+    assert error.status_code == 400 and "already exists" in error.body["message"]
+    viewed = edit(command="view", path=path, view_range=[2, 3]).data
+    assert viewed.output.endswith("     2\ttwo\n     3\ttwo\n"), viewed.output
+    assert edit(command="view", path=path, view_range=[4, -1]).data.output.endswith("     4\tfour\n     5\t\n")
+    assert api_error(edit, command="view", path=path, view_range=[9, 10]).status_code == 400
+    listing = edit(command="view", path=root).data.output
+    assert path in listing
+    before = download(sbx, path)
+    error = api_error(edit, command="str_replace", path=path, old_str="three", new_str="3")
+    assert error.status_code == 400 and "did not appear verbatim" in error.body["message"]
+    error = api_error(edit, command="str_replace", path=path, old_str="two", new_str="2")
+    assert error.status_code == 400 and "Multiple occurrences" in error.body["message"]
+    assert "[2, 3]" in error.body["message"]
+    assert download(sbx, path) == before
+    done = edit(command="str_replace", path=path, old_str="one", new_str="1").data
+    assert done.old_content == before.decode() and done.new_content == "1\ntwo\ntwo\nfour\n"
+    assert "     1\t1" in done.output
+    edit(command="str_replace", path=path, old_str="two", new_str="2", replace_mode="LAST")
+    assert download(sbx, path) == b"1\ntwo\n2\nfour\n"
+    inserted = edit(command="insert", path=path, insert_line=1, new_str="one and a half").data
+    assert inserted.new_content == "1\none and a half\ntwo\n2\nfour\n"
+    assert api_error(edit, command="insert", path=path, insert_line=99, new_str="x").status_code == 400
+    assert edit(command="undo_edit", path=path).data.new_content == "1\ntwo\n2\nfour\n"
+    edit(command="undo_edit", path=path)
+    edit(command="undo_edit", path=path)
+    assert download(sbx, path) == before
+    error = api_error(edit, command="undo_edit", path=path)
+    assert error.status_code == 400 and "No edit history" in error.body["message"]
+    assert api_error(edit, command="view", path="relative.py").status_code == 400
+    assert api_error(edit, command="str_replace", path=f"{root}/none.py", old_str="x").status_code == 404
+    assert raw(thread, "/v1/file/str_replace_editor", {"command": "delete", "path": path}).status_code == 400
+    assert download(sbx, path) == before

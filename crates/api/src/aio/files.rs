@@ -1,5 +1,5 @@
-//! AIO file calls: read, write, replace, search, list, find, grep and
-//! download, through the daemon's file operations (the agent, inside the
+//! AIO file calls: read, write, replace, search, list, find, glob, grep,
+//! upload and download (the editor is [`super::editor`]), through the daemon's file operations (the agent, inside the
 //! sandbox): the host never opens a path a sandbox names.
 
 use super::sandbox::{daemon_failed, Aio, AioJson, Target};
@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 /// Largest file a read or grep loads whole into an answer.
-const MAX_READ: usize = 16 << 20;
+pub(super) const MAX_READ: usize = 16 << 20;
 /// Most entries a listing walks.
 const MAX_ENTRIES: usize = 50_000;
 /// Most bytes one grep reads, over all its files (past it the answer is
@@ -26,7 +26,7 @@ const MAX_ENTRIES: usize = 50_000;
 const MAX_GREP_BYTES: usize = 256 << 20;
 
 /// The whole of `path`, at most `limit` bytes (`TooLarge` past it).
-async fn read_whole(
+pub(super) async fn read_whole(
     aio: &Aio,
     id: &str,
     path: &str,
@@ -142,7 +142,7 @@ pub(super) async fn write(
 
 /// Writes `data` as the whole of `path`, atomically (parents made), within
 /// the daemon's upload limit.
-async fn write_whole(
+pub(super) async fn write_whole(
     aio: &Aio,
     id: &str,
     path: &str,
@@ -298,7 +298,12 @@ fn info(entry: &FileInfo) -> serde_json::Value {
 
 /// Every entry under `path`, `depth` levels down (at most
 /// [`MAX_ENTRIES`]).
-async fn walk(aio: &Aio, id: &str, path: &str, depth: u32) -> Result<Vec<FileInfo>, DaemonError> {
+pub(super) async fn walk(
+    aio: &Aio,
+    id: &str,
+    path: &str,
+    depth: u32,
+) -> Result<Vec<FileInfo>, DaemonError> {
     let mut entries = aio.api.daemon.list_dir_all(id, path, depth, None).await?;
     entries.truncate(MAX_ENTRIES);
     Ok(entries)
@@ -434,6 +439,268 @@ pub(super) async fn find(
         .map(|e| e.path.as_str())
         .collect();
     ok(json!({"path": request.path, "files": files}))
+}
+
+#[derive(Deserialize)]
+pub(super) struct Glob {
+    path: String,
+    pattern: String,
+    exclude: Option<Vec<String>>,
+    include_hidden: Option<bool>,
+    files_only: Option<bool>,
+    include_metadata: Option<bool>,
+    max_results: Option<i64>,
+    sort_by: Option<String>,
+    sort_desc: Option<bool>,
+}
+
+/// Most results a glob answers with.
+const MAX_GLOB_RESULTS: i64 = 50_000;
+
+/// `POST /v1/file/glob`: entries under `path` whose path relative to it
+/// matches `pattern` as a shell glob would (`*` stays within a directory,
+/// `**/` crosses any number), sorted and at most `max_results`.
+pub(super) async fn glob(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    AioJson(request): AioJson<Glob>,
+) -> Response {
+    let max_results = request.max_results.unwrap_or(5000);
+    if !(1..=MAX_GLOB_RESULTS).contains(&max_results) {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            format!("max_results: 1 to {MAX_GLOB_RESULTS}"),
+        );
+    }
+    let sort_by = request.sort_by.as_deref().unwrap_or("path");
+    if !["path", "name", "size", "modified"].contains(&sort_by) {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "sort_by: one of path, name, size, modified",
+        );
+    }
+    let pattern = request.pattern.trim_start_matches("./");
+    if pattern.is_empty() || pattern.starts_with('/') {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "pattern: a non-empty glob relative to path",
+        );
+    }
+    // Only as deep as the pattern reaches, unless it has `**`.
+    let depth = if pattern.contains("**") {
+        airlock_protocol::MAX_LIST_DEPTH
+    } else {
+        u32::try_from(pattern.split('/').count())
+            .unwrap_or(airlock_protocol::MAX_LIST_DEPTH)
+            .clamp(1, airlock_protocol::MAX_LIST_DEPTH)
+    };
+    let root = request.path.trim_end_matches('/').to_owned();
+    let entries = match walk(&aio, &id, &request.path, depth).await {
+        Ok(entries) => entries,
+        Err(e) => return daemon_failed(e),
+    };
+    let walked_all = entries.len() < MAX_ENTRIES;
+    let files_only = request.files_only.unwrap_or(true);
+    let include_hidden = request.include_hidden.unwrap_or(false);
+    let excluded = |relative: &str, name: &str| {
+        request.exclude.as_ref().is_some_and(|globs| {
+            globs
+                .iter()
+                .any(|g| glob_matches(g, relative) || glob_matches(g, name))
+        })
+    };
+    let mut found: Vec<&FileInfo> = entries
+        .iter()
+        .filter(|e| !files_only || e.kind != FileKind::Dir)
+        .filter(|e| include_hidden || !is_hidden(&root, e))
+        .filter(|e| {
+            let relative = e
+                .path
+                .strip_prefix(&root)
+                .unwrap_or(&e.path)
+                .trim_start_matches('/');
+            glob_matches(pattern, relative) && !excluded(relative, &e.name)
+        })
+        .collect();
+    match sort_by {
+        "name" => found.sort_by(|a, b| a.name.cmp(&b.name).then(a.path.cmp(&b.path))),
+        "size" => found.sort_by(|a, b| a.size.cmp(&b.size).then(a.path.cmp(&b.path))),
+        "modified" => found.sort_by(|a, b| a.mtime_ns.cmp(&b.mtime_ns).then(a.path.cmp(&b.path))),
+        _ => found.sort_by(|a, b| a.path.cmp(&b.path)),
+    }
+    if request.sort_desc.unwrap_or(false) {
+        found.reverse();
+    }
+    let total = found.len();
+    let keep = usize::try_from(max_results).unwrap_or(usize::MAX);
+    let metadata = request.include_metadata.unwrap_or(true);
+    let files: Vec<serde_json::Value> = found
+        .iter()
+        .take(keep)
+        .map(|e| {
+            let mut entry = json!({
+                "path": e.path,
+                "name": e.name,
+                "is_directory": e.kind == FileKind::Dir,
+            });
+            if metadata {
+                let shown = info(e);
+                entry["size"] = json!(e.size);
+                entry["modified_time"] = shown["modified_time"].clone();
+            }
+            entry
+        })
+        .collect();
+    ok(json!({
+        "path": request.path,
+        "pattern": request.pattern,
+        "files": files,
+        "total_count": total,
+        "truncated": total > keep || !walked_all,
+    }))
+}
+
+/// The boundary of a `multipart/form-data` content type.
+fn multipart_boundary(content_type: &str) -> Option<&str> {
+    let mut parts = content_type.split(';');
+    if !parts
+        .next()?
+        .trim()
+        .eq_ignore_ascii_case("multipart/form-data")
+    {
+        return None;
+    }
+    parts.find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"'))
+            .filter(|b| !b.is_empty() && b.len() <= 200)
+    })
+}
+
+/// One field of a form.
+#[derive(Debug)]
+struct FormPart<'a> {
+    name: String,
+    filename: Option<String>,
+    data: &'a [u8],
+}
+
+/// A `key="value"` parameter of a `Content-Disposition` header.
+fn disposition_param(header: &str, key: &str) -> Option<String> {
+    header.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case(key)
+            .then(|| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// The fields of a `multipart/form-data` body held whole.
+fn form_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<FormPart<'a>>, String> {
+    let delimiter = format!("--{boundary}");
+    let between = format!("\r\n--{boundary}");
+    let mut at = if body.starts_with(delimiter.as_bytes()) {
+        delimiter.len()
+    } else {
+        memchr::memmem::find(body, between.as_bytes())
+            .map(|i| i + between.len())
+            .ok_or("the multipart body has no delimiter")?
+    };
+    let mut parts = Vec::new();
+    loop {
+        let rest = &body[at..];
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        let rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or("a multipart delimiter is not followed by CRLF")?;
+        let head_end = memchr::memmem::find(rest, b"\r\n\r\n")
+            .ok_or("a multipart part has no headers' end")?;
+        let head = String::from_utf8_lossy(&rest[..head_end]);
+        let disposition = head
+            .split("\r\n")
+            .find(|line| {
+                line.split(':')
+                    .next()
+                    .is_some_and(|k| k.trim().eq_ignore_ascii_case("content-disposition"))
+            })
+            .and_then(|line| line.split_once(':').map(|(_, v)| v.to_owned()))
+            .ok_or("a multipart part has no Content-Disposition")?;
+        let data_start = head_end + 4;
+        let data_len = memchr::memmem::find(&rest[data_start..], between.as_bytes())
+            .ok_or("the multipart body ends early")?;
+        parts.push(FormPart {
+            name: disposition_param(&disposition, "name").unwrap_or_default(),
+            filename: disposition_param(&disposition, "filename"),
+            data: &rest[data_start..data_start + data_len],
+        });
+        at = body.len() - rest.len() + data_start + data_len + between.len();
+    }
+}
+
+/// `POST /v1/file/upload`: a `multipart/form-data` body with the file's
+/// bytes as `file` and where it goes as `path` (by default the home
+/// directory, under the part's file name); written atomically, parents
+/// made. The body is read whole, so at most what the dialect buffers.
+pub(super) async fn upload(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let Some(boundary) = multipart_boundary(content_type) else {
+        return failed(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the body must be multipart/form-data with a file field",
+        );
+    };
+    let parts = match form_parts(&body, boundary) {
+        Ok(parts) => parts,
+        Err(e) => return failed(StatusCode::BAD_REQUEST, e),
+    };
+    let Some(file) = parts.iter().find(|p| p.name == "file") else {
+        return failed(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the file field is required",
+        );
+    };
+    let named = parts
+        .iter()
+        .find(|p| p.name == "path")
+        .map(|p| String::from_utf8_lossy(p.data).trim().to_owned())
+        .filter(|p| !p.is_empty());
+    let path = match named {
+        Some(path) => path,
+        None => {
+            let name = file
+                .filename
+                .as_deref()
+                .and_then(|f| f.rsplit(['/', '\\']).next())
+                .filter(|f| !f.is_empty() && *f != "." && *f != "..");
+            match name {
+                Some(name) => format!("/home/user/{name}"),
+                None => {
+                    return failed(
+                        StatusCode::BAD_REQUEST,
+                        "path is required when the file has no usable name",
+                    )
+                }
+            }
+        }
+    };
+    let size = file.data.len();
+    match write_whole(&aio, &id, &path, file.data.to_vec(), &request_id.0).await {
+        Ok(()) => ok(json!({"file_path": path, "file_size": size, "success": true})),
+        Err(e) => daemon_failed(e),
+    }
 }
 
 #[derive(Deserialize)]
@@ -628,6 +895,28 @@ mod tests {
         assert!(!glob_matches("file?.[!ct]xt", "file1.txt"));
         assert!(glob_matches("[a-c]*", "beta"));
         assert!(!glob_matches("a*b", "a/b"));
+    }
+
+    #[test]
+    fn multipart_fields_are_read() {
+        let body = b"--XY\r\nContent-Disposition: form-data; name=\"path\"\r\n\r\n/tmp/a b\r\n--XY\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n\x00\r\n--X\xff\r\n--XY--\r\n";
+        let parts = form_parts(body, "XY").unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].name, "path");
+        assert_eq!(parts[0].data, b"/tmp/a b");
+        assert_eq!(parts[1].filename.as_deref(), Some("f.bin"));
+        assert_eq!(parts[1].data, b"\x00\r\n--X\xff");
+        assert!(form_parts(
+            b"--XY\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nno end",
+            "XY"
+        )
+        .is_err());
+        assert!(form_parts(b"nothing", "XY").is_err());
+        assert_eq!(
+            multipart_boundary("multipart/form-data; boundary=\"abc\""),
+            Some("abc")
+        );
+        assert_eq!(multipart_boundary("application/json"), None);
     }
 
     #[test]

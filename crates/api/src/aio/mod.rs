@@ -20,6 +20,7 @@
 //! in `shared/reference/aio/`, the `agent-sandbox` client and DeerFlow's
 //! provider; the definitions are our own.
 
+mod editor;
 mod files;
 pub mod provisioner;
 pub mod sandbox;

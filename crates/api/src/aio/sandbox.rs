@@ -4,7 +4,7 @@
 //! token is not that sandbox's is answered 404, exactly as one for a
 //! sandbox that does not exist (nothing tells which it was).
 
-use super::shell::{Sessions, ShellError, Timeouts, IMPLICIT};
+use super::shell::{Sessions, ShellError, Shot, Timeouts, WriteError, IMPLICIT};
 use super::{failed, ok};
 use crate::{Api, RequestId};
 use airlock_daemon::processes::ExecRequest;
@@ -43,6 +43,9 @@ pub(super) fn router(api: Api, sessions: Sessions) -> Router {
         .route("/v1/shell/sessions", get(list_sessions).delete(cleanup_all))
         .route("/v1/shell/sessions/{session}", delete(cleanup_session))
         .route("/v1/shell/kill", post(kill_session))
+        .route("/v1/shell/view", post(view_session))
+        .route("/v1/shell/wait", post(wait_session))
+        .route("/v1/shell/write", post(write_session))
         .route("/v1/bash/exec", post(bash_exec))
         .route("/v1/file/read", post(super::files::read))
         .route("/v1/file/write", post(super::files::write))
@@ -51,6 +54,12 @@ pub(super) fn router(api: Api, sessions: Sessions) -> Router {
         .route("/v1/file/list", post(super::files::list))
         .route("/v1/file/find", post(super::files::find))
         .route("/v1/file/grep", post(super::files::grep))
+        .route("/v1/file/glob", post(super::files::glob))
+        .route("/v1/file/upload", post(super::files::upload))
+        .route(
+            "/v1/file/str_replace_editor",
+            post(super::editor::str_replace_editor),
+        )
         .route("/v1/file/download", get(super::files::download));
     Router::new()
         .nest("/aio/{id}/{token}", v1)
@@ -227,6 +236,7 @@ async fn shell_exec(
             .or(seconds(request.timeout))
             .unwrap_or(Duration::from_secs(120)),
         hard: seconds(request.hard_timeout),
+        patience: None,
     };
     match session
         .run(&aio.api, &id, &command, &timeouts, &request_id.0)
@@ -354,6 +364,145 @@ async fn kill_session(
             ok(json!({"status": "terminated", "exit_code": null, "returncode": null}))
         }
         None => failed(StatusCode::NOT_FOUND, "Session not found"),
+    }
+}
+
+#[derive(Deserialize)]
+struct ViewSession {
+    id: String,
+}
+
+/// A session's last (or running) command as the AIO API shows it.
+fn shown(session: &str, working_dir: &str, shot: Shot) -> serde_json::Value {
+    let output = middle_cut(shot.output, TRUNCATE_AT);
+    let console = shot.command.as_ref().map(|command| {
+        json!([{"ps1": format!("{working_dir} $"), "command": command, "output": output}])
+    });
+    json!({
+        "session_id": session,
+        "command": shot.command,
+        "status": shot.status.as_str(),
+        "output": output,
+        "console": console,
+        "exit_code": shot.exit_code,
+    })
+}
+
+/// A shell error as an AIO answer (a sandbox that is gone takes its
+/// sessions with it).
+fn shell_failed(aio: &Aio, id: &str, e: ShellError) -> Response {
+    match e {
+        ShellError::NoSession => failed(StatusCode::NOT_FOUND, "Session not found"),
+        ShellError::Daemon(e) => {
+            if matches!(e, DaemonError::NotRunning(_) | DaemonError::NotFound(_)) {
+                aio.sessions.forget_sandbox(id);
+            }
+            daemon_failed(e)
+        }
+    }
+}
+
+/// `POST /v1/shell/view`: the output of the session's last (or running)
+/// command so far.
+async fn view_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    AioJson(request): AioJson<ViewSession>,
+) -> Response {
+    let Some(session) = aio.sessions.get(&id, &request.id) else {
+        return failed(StatusCode::NOT_FOUND, "Session not found");
+    };
+    match session.view(&aio.api, &id).await {
+        Ok(shot) => ok(shown(&session.id, &session.working_dir(), shot)),
+        Err(e) => shell_failed(&aio, &id, e),
+    }
+}
+
+#[derive(Deserialize)]
+struct WaitSession {
+    id: String,
+    seconds: Option<i64>,
+    max_wait_seconds: Option<i64>,
+}
+
+/// How long a wait that names no time waits, and the most any waits.
+const WAIT_DEFAULT: u64 = 30;
+const WAIT_MAX: u64 = 600;
+
+/// `POST /v1/shell/wait`: waits (at most the smaller of `seconds` and
+/// `max_wait_seconds`) for the session's running command to end; its
+/// status, and its output and exit code beside.
+async fn wait_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    AioJson(request): AioJson<WaitSession>,
+) -> Response {
+    let limits = [request.seconds, request.max_wait_seconds];
+    if limits.iter().flatten().any(|s| *s < 0) {
+        return failed(
+            StatusCode::BAD_REQUEST,
+            "seconds and max_wait_seconds must not be negative",
+        );
+    }
+    let limit = limits
+        .iter()
+        .flatten()
+        .map(|s| s.unsigned_abs())
+        .min()
+        .unwrap_or(WAIT_DEFAULT)
+        .min(WAIT_MAX);
+    let Some(session) = aio.sessions.get(&id, &request.id) else {
+        return failed(StatusCode::NOT_FOUND, "Session not found");
+    };
+    match session
+        .wait(&aio.api, &id, Duration::from_secs(limit))
+        .await
+    {
+        Ok(shot) => ok(shown(&session.id, &session.working_dir(), shot)),
+        Err(e) => shell_failed(&aio, &id, e),
+    }
+}
+
+#[derive(Deserialize)]
+struct WriteSession {
+    id: String,
+    input: String,
+    press_enter: bool,
+}
+
+/// Most bytes one write sends (a FIFO's buffer: the command need not
+/// read before the write returns).
+const MAX_INPUT: usize = 64 << 10;
+
+/// `POST /v1/shell/write`: input for the command running in the session
+/// (a newline after it with `press_enter`).
+async fn write_session(
+    State(aio): State<Aio>,
+    Extension(Target(id)): Extension<Target>,
+    Extension(request_id): Extension<RequestId>,
+    AioJson(request): AioJson<WriteSession>,
+) -> Response {
+    let mut input = request.input.into_bytes();
+    if request.press_enter {
+        input.push(b'\n');
+    }
+    if input.len() > MAX_INPUT {
+        return failed(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("input: at most {MAX_INPUT} bytes at a time"),
+        );
+    }
+    let Some(session) = aio.sessions.get(&id, &request.id) else {
+        return failed(StatusCode::NOT_FOUND, "Session not found");
+    };
+    match session.write(&aio.api, &id, input, &request_id.0).await {
+        Ok(status) => ok(json!({"status": status.as_str()})),
+        Err(WriteError::Daemon(e)) => shell_failed(&aio, &id, ShellError::Daemon(e)),
+        Err(e @ WriteError::NoSession) => failed(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ WriteError::Busy) => failed(StatusCode::CONFLICT, e.to_string()),
+        Err(e @ (WriteError::NotRunning | WriteError::NoInput | WriteError::NotReading(_))) => {
+            failed(StatusCode::CONFLICT, e.to_string())
+        }
     }
 }
 

@@ -7,7 +7,14 @@
 //! written to it as a group with stdin from `/dev/null`, followed by a
 //! line that prints a random marker, the group's exit status and the
 //! shell's working directory; the output up to that marker is the
-//! command's. Calls on one session are serialized by its lock. A command
+//! command's. Calls on one session are serialized by its lock. A command's
+//! stdin is a FIFO of its own (under `/tmp`, made before it starts and
+//! removed after it ends; `/dev/null` where none can be made) that the
+//! shell holds open for writing too, so a command that reads its input
+//! waits for it, as at a terminal, and `/v1/shell/write` feeds it; input
+//! for a command that has ended goes nowhere, never to the shell. The
+//! output of the session's last (or running) command is kept, bounded,
+//! for `/v1/shell/view` and `/v1/shell/wait`. A command
 //! still running when `no_change_timeout` passes keeps running; the next
 //! call on the session first waits for its end. A `hard_timeout` kills the
 //! session's shell and everything it started (its process group), and the
@@ -37,10 +44,12 @@ pub const IMPLICIT: &str = "default";
 /// Sessions by sandbox id and session id.
 type Table = HashMap<(String, String), Arc<Session>>;
 
-/// Every sandbox's sessions.
+/// Every sandbox's sessions (and the editor's undo history, forgotten
+/// with them).
 #[derive(Clone, Default)]
 pub struct Sessions {
     inner: Arc<Mutex<Table>>,
+    pub history: super::editor::History,
 }
 
 /// One shell.
@@ -58,6 +67,13 @@ struct Shown {
     working_dir: String,
     last_used: std::time::SystemTime,
     current_command: Option<String>,
+    /// The last (or running) command and its output so far (at most
+    /// [`MAX_KEPT`] bytes; past it the middle is dropped).
+    last_command: Option<String>,
+    output: Vec<u8>,
+    output_dropped: bool,
+    status: Status,
+    exit_code: Option<i32>,
 }
 
 struct Io {
@@ -78,6 +94,8 @@ pub enum Status {
     NoChangeTimeout,
     HardTimeout,
     Terminated,
+    /// Still running (what a view or wait of a running command says).
+    Running,
 }
 
 impl Status {
@@ -87,6 +105,7 @@ impl Status {
             Status::NoChangeTimeout => "no_change_timeout",
             Status::HardTimeout => "hard_timeout",
             Status::Terminated => "terminated",
+            Status::Running => "running",
         }
     }
 }
@@ -113,7 +132,38 @@ pub struct Timeouts {
     pub no_change: Duration,
     /// Kill it after this long.
     pub hard: Option<Duration>,
+    /// Return (the command running on) after this long in all.
+    pub patience: Option<Duration>,
 }
+
+/// What the session shows of its last (or running) command.
+pub struct Shot {
+    pub command: Option<String>,
+    pub output: String,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+}
+
+/// Why input could not be written to a session's command.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("Session not found")]
+    NoSession,
+    #[error("the session is busy with another call; try again")]
+    Busy,
+    #[error("no command is running in the session")]
+    NotRunning,
+    #[error("the running command does not take input (it ended, or its input is not a FIFO)")]
+    NoInput,
+    #[error("the command did not read its input within {0} seconds")]
+    NotReading(u64),
+    #[error(transparent)]
+    Daemon(#[from] DaemonError),
+}
+
+/// How long a write waits for the session's lock and for its input to be
+/// taken.
+const WRITE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Sessions {
     fn key(sandbox: &str, session: &str) -> (String, String) {
@@ -163,6 +213,11 @@ impl Sessions {
                 working_dir: exec_dir.unwrap_or_else(|| "/home/user".into()),
                 last_used: std::time::SystemTime::now(),
                 current_command: None,
+                last_command: None,
+                output: Vec::new(),
+                output_dropped: false,
+                status: Status::Completed,
+                exit_code: None,
             }),
         });
         all.insert(Self::key(sandbox, &session.id), Arc::clone(&session));
@@ -186,11 +241,13 @@ impl Sessions {
     /// Forgets every session of `sandbox` (it is gone).
     pub fn forget_sandbox(&self, sandbox: &str) {
         self.lock().retain(|(s, _), _| s != sandbox);
+        self.history.prune(|s| s != sandbox);
     }
 
     /// Forgets the sessions of every sandbox `live` says is gone.
     pub fn prune(&self, live: impl Fn(&str) -> bool) {
         self.lock().retain(|(s, _), _| live(s));
+        self.history.prune(live);
     }
 
     /// Forgets, every `period`, the sessions of sandboxes that ended
@@ -270,6 +327,153 @@ impl Session {
         ran
     }
 
+    /// What the session shows of its last (or running) command. A command
+    /// that outlived its call is read first (briefly, unless a call on the
+    /// session is under way: then what it has read so far is shown).
+    pub async fn view(&self, api: &Api, sandbox: &str) -> Result<Shot, ShellError> {
+        if let Ok(mut io) = self.io.try_lock() {
+            let timeouts = Timeouts {
+                no_change: Duration::from_millis(50),
+                hard: None,
+                patience: Some(Duration::from_millis(200)),
+            };
+            self.settle(&mut io, api, sandbox, &timeouts, Instant::now())
+                .await?;
+        }
+        Ok(self.shot())
+    }
+
+    /// Waits up to `limit` for the command running in the session to end
+    /// (and for a call under way on it to finish); what it shows then.
+    pub async fn wait(
+        &self,
+        api: &Api,
+        sandbox: &str,
+        limit: Duration,
+    ) -> Result<Shot, ShellError> {
+        let started = Instant::now();
+        let Ok(mut io) = tokio::time::timeout(limit, self.io.lock()).await else {
+            return Ok(self.shot());
+        };
+        let left = limit.saturating_sub(started.elapsed());
+        let timeouts = Timeouts {
+            no_change: left.max(Duration::from_millis(1)),
+            hard: None,
+            patience: Some(left),
+        };
+        self.settle(&mut io, api, sandbox, &timeouts, Instant::now())
+            .await?;
+        Ok(self.shot())
+    }
+
+    /// Writes `input` to the stdin of the command running in the session.
+    pub async fn write(
+        &self,
+        api: &Api,
+        sandbox: &str,
+        input: Vec<u8>,
+        request_id: &str,
+    ) -> Result<Status, WriteError> {
+        let Ok(mut io) = tokio::time::timeout(WRITE_PATIENCE, self.io.lock()).await else {
+            return Err(WriteError::Busy);
+        };
+        // Whatever it printed is read first: a command that ended is not
+        // written to.
+        let timeouts = Timeouts {
+            no_change: Duration::from_millis(20),
+            hard: None,
+            patience: Some(Duration::from_millis(100)),
+        };
+        self.settle(&mut io, api, sandbox, &timeouts, Instant::now())
+            .await
+            .map_err(|e| match e {
+                ShellError::NoSession => WriteError::NoSession,
+                ShellError::Daemon(e) => WriteError::Daemon(e),
+            })?;
+        let Some(marker) = io.pending.clone() else {
+            return Err(WriteError::NotRunning);
+        };
+        // A short process of its own writes the input to the command's
+        // FIFO, if the command still has it.
+        let (hub, mut attached) = api
+            .daemon
+            .exec(
+                sandbox,
+                ExecRequest {
+                    cmd: "/bin/sh".into(),
+                    args: vec![
+                        "-c".into(),
+                        "cd \"$1\" 2>/dev/null && [ -p in ] && exec cat >> in".into(),
+                        "sh".into(),
+                        input_dir(&marker),
+                    ],
+                    env: BTreeMap::new(),
+                    cwd: None,
+                    user: None,
+                    timeout_ms: Some(WRITE_PATIENCE.as_millis() as u64),
+                    stdin: true,
+                    pty: None,
+                    tag: None,
+                },
+                request_id,
+            )
+            .await?;
+        api.daemon.write_stdin(sandbox, hub.pid, input).await?;
+        api.daemon.close_stdin(sandbox, hub.pid).await?;
+        let exit = loop {
+            match attached.next().await {
+                Some(Output::Exited(exit)) => break Some(exit),
+                Some(Output::Error { .. }) | None => break None,
+                Some(_) => {}
+            }
+        };
+        match exit {
+            Some(exit) if exit.timed_out => Err(WriteError::NotReading(WRITE_PATIENCE.as_secs())),
+            Some(exit) if exit.exit_code == Some(0) => Ok(Status::Running),
+            _ => Err(WriteError::NoInput),
+        }
+    }
+
+    /// The last (or running) command as shown now.
+    fn shot(&self) -> Shot {
+        let shown = self.shown();
+        let mut output = String::from_utf8_lossy(&shown.output).into_owned();
+        if shown.status == Status::Running {
+            output = without_partial_marker(output);
+        }
+        if shown.output_dropped {
+            output.insert_str(0, "[output truncated in the middle]\n");
+        }
+        Shot {
+            command: shown.last_command.clone(),
+            output,
+            status: shown.status,
+            exit_code: shown.exit_code,
+        }
+    }
+
+    /// Reads a command that outlived its call (if there is one) until it
+    /// ends or `timeouts` say; `None` when there was none.
+    async fn settle(
+        &self,
+        io: &mut Io,
+        api: &Api,
+        sandbox: &str,
+        timeouts: &Timeouts,
+        started: Instant,
+    ) -> Result<Option<(Ended, String)>, ShellError> {
+        let Some(marker) = io.pending.clone() else {
+            return Ok(None);
+        };
+        let (ended, output) = self
+            .read_until(io, api, sandbox, &marker, timeouts, started)
+            .await?;
+        if matches!(ended, Ended::Marker { .. } | Ended::Exited(_)) {
+            io.pending = None;
+        }
+        Ok(Some((ended, output)))
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run_locked(
         &self,
@@ -282,27 +486,22 @@ impl Session {
         request_id: &str,
     ) -> Result<Ran, ShellError> {
         // A command that outlived its call is waited for first.
-        if let Some(marker) = io.pending.clone() {
-            let (ended, output) = self
-                .read_until(io, api, sandbox, &marker, timeouts, started)
-                .await?;
-            match ended {
-                Ended::Marker { .. } | Ended::Exited(_) => io.pending = None,
-                Ended::Quiet => {
-                    return Ok(Ran {
-                        status: Status::NoChangeTimeout,
-                        output,
-                        exit_code: None,
-                    })
-                }
-                Ended::Deadline => {
-                    return Ok(Ran {
-                        status: Status::HardTimeout,
-                        output,
-                        exit_code: None,
-                    })
-                }
+        match self.settle(io, api, sandbox, timeouts, started).await? {
+            Some((Ended::Quiet, output)) => {
+                return Ok(Ran {
+                    status: Status::NoChangeTimeout,
+                    output,
+                    exit_code: None,
+                })
             }
+            Some((Ended::Deadline, output)) => {
+                return Ok(Ran {
+                    status: Status::HardTimeout,
+                    output,
+                    exit_code: None,
+                })
+            }
+            Some(_) | None => {}
         }
         if io.pid.is_none() {
             let (hub, attached) = api
@@ -330,23 +529,26 @@ impl Session {
             return Err(ShellError::NoSession);
         };
         let marker = format!("__AIRLOCK_AIO_{}__", uuid::Uuid::new_v4().simple());
-        let script =
-            format!("{{ {command}\n}} </dev/null; printf '\\n{marker}%d %s\\n' \"$?\" \"$PWD\"\n");
+        {
+            let mut shown = self.shown();
+            shown.last_command = Some(command.to_owned());
+            shown.output.clear();
+            shown.output_dropped = false;
+            shown.status = Status::Running;
+            shown.exit_code = None;
+        }
         api.daemon
-            .write_stdin(sandbox, pid, script.into_bytes())
+            .write_stdin(sandbox, pid, script(command, &marker).into_bytes())
             .await?;
         let (ended, output) = self
             .read_until(io, api, sandbox, &marker, timeouts, started)
             .await?;
         Ok(match ended {
-            Ended::Marker { code, cwd } => {
-                self.shown().working_dir = cwd;
-                Ran {
-                    status: Status::Completed,
-                    output,
-                    exit_code: Some(code),
-                }
-            }
+            Ended::Marker { code, .. } => Ran {
+                status: Status::Completed,
+                output,
+                exit_code: Some(code),
+            },
             Ended::Exited(code) => Ran {
                 status: if code.is_some() {
                     Status::Completed
@@ -372,7 +574,8 @@ impl Session {
         })
     }
 
-    /// Reads the shell's output up to `marker`'s line.
+    /// Reads the shell's output up to `marker`'s line, keeping it in the
+    /// session's view as it comes.
     async fn read_until(
         &self,
         io: &mut Io,
@@ -389,16 +592,21 @@ impl Session {
         let mut kept = Vec::new();
         let mut dropped = false;
         let ended = loop {
-            let wait = match timeouts.hard {
-                Some(hard) => {
-                    let left = hard.saturating_sub(started.elapsed());
-                    if left.is_zero() {
-                        break Ended::Deadline;
-                    }
-                    left.min(timeouts.no_change)
+            let mut wait = timeouts.no_change;
+            if let Some(hard) = timeouts.hard {
+                let left = hard.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break Ended::Deadline;
                 }
-                None => timeouts.no_change,
-            };
+                wait = wait.min(left);
+            }
+            if let Some(patience) = timeouts.patience {
+                let left = patience.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break Ended::Quiet;
+                }
+                wait = wait.min(left);
+            }
             let item = match tokio::time::timeout(wait, attached.next()).await {
                 Ok(item) => item,
                 Err(_) if timeouts.hard.is_some_and(|h| started.elapsed() >= h) => {
@@ -409,15 +617,24 @@ impl Session {
             match item {
                 Some(Output::Stdout(bytes)) | Some(Output::Stderr(bytes)) => {
                     kept.extend_from_slice(&bytes);
+                    self.shown().append(&bytes);
                     if let Some(at) = find(&kept, needle.as_bytes()) {
                         let rest = &kept[at + needle.len()..];
                         if let Some(end) = rest.iter().position(|b| *b == b'\n') {
                             let line = String::from_utf8_lossy(&rest[..end]).into_owned();
                             let (code, cwd) = line.split_once(' ').unwrap_or((line.as_str(), ""));
                             let code = code.parse().unwrap_or(-1);
-                            let cwd = cwd.to_owned();
+                            // The marker's line (and what the shell wrote
+                            // after it, nothing) is not the command's.
+                            let tail = kept.len() - at;
                             kept.truncate(at);
-                            break Ended::Marker { code, cwd };
+                            let mut shown = self.shown();
+                            let keep = shown.output.len().saturating_sub(tail);
+                            shown.output.truncate(keep);
+                            shown.status = Status::Completed;
+                            shown.exit_code = Some(code);
+                            shown.working_dir = cwd.to_owned();
+                            break Ended::Marker { code };
                         }
                     }
                     if kept.len() > MAX_KEPT {
@@ -431,12 +648,20 @@ impl Session {
                     io.pid = None;
                     io.attached = None;
                     io.pending = None;
+                    let mut shown = self.shown();
+                    shown.status = if exit.exit_code.is_some() {
+                        Status::Completed
+                    } else {
+                        Status::Terminated
+                    };
+                    shown.exit_code = exit.exit_code;
                     break Ended::Exited(exit.exit_code);
                 }
                 Some(Output::Error { .. }) | None => {
                     io.pid = None;
                     io.attached = None;
                     io.pending = None;
+                    self.shown().status = Status::Terminated;
                     break Ended::Exited(None);
                 }
             }
@@ -450,6 +675,7 @@ impl Session {
             io.attached = None;
             io.pending = None;
             io.start_dir = Some(self.working_dir());
+            self.shown().status = Status::HardTimeout;
         }
         let mut output = String::from_utf8_lossy(&kept).into_owned();
         if dropped {
@@ -459,10 +685,51 @@ impl Session {
     }
 }
 
+impl Shown {
+    /// Adds `bytes` to the running command's output, within [`MAX_KEPT`].
+    fn append(&mut self, bytes: &[u8]) {
+        self.output.extend_from_slice(bytes);
+        if self.output.len() > MAX_KEPT {
+            let cut = self.output.len() - MAX_KEPT / 2;
+            self.output.drain(MAX_KEPT / 4..cut);
+            self.output_dropped = true;
+        }
+    }
+}
+
+/// Where the FIFO that is the stdin of the command with `marker` lives.
+fn input_dir(marker: &str) -> String {
+    format!("/tmp/.airlock-aio-{}", marker.trim_matches('_'))
+}
+
+/// What the shell is given to run `command`: the group with its own stdin
+/// (see the module's documentation), then the marker's line with its exit
+/// status and the working directory, then the FIFO's removal.
+fn script(command: &str, marker: &str) -> String {
+    let dir = super::sandbox::shell_quote(&input_dir(marker));
+    format!(
+        "if mkdir -m 700 {dir} 2>/dev/null && mkfifo -m 600 {dir}/in 2>/dev/null; then exec 3<>{dir}/in; else exec 3</dev/null; fi\n\
+         {{ {command}\n}} <&3 3<&-; printf '\\n{marker}%d %s\\n' \"$?\" \"$PWD\"; exec 3<&-; rm -rf {dir}\n"
+    )
+}
+
+/// `output` without a last line that may be the start of a marker's (a
+/// running command's output is shown as it comes).
+fn without_partial_marker(mut output: String) -> String {
+    const START: &str = "__AIRLOCK_AIO_";
+    if let Some(at) = output.rfind('\n') {
+        let last = &output[at + 1..];
+        if !last.is_empty() && (START.starts_with(last) || last.starts_with(START)) {
+            output.truncate(at);
+        }
+    }
+    output
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Ended {
-    /// The command's end: its exit status and the shell's directory.
-    Marker { code: i32, cwd: String },
+    /// The command's end: its exit status.
+    Marker { code: i32 },
     /// The shell itself ended (an `exit`, a kill).
     Exited(Option<i32>),
     /// No output for `no_change` (the command runs on).
@@ -498,6 +765,20 @@ mod tests {
         assert!(sessions.get("sbx-2", IMPLICIT).is_some());
         sessions.forget_sandbox("sbx-2");
         assert!(sessions.of("sbx-2").is_empty());
+    }
+
+    #[test]
+    fn a_partial_marker_is_not_shown() {
+        assert_eq!(without_partial_marker("out\n__AIRL".into()), "out");
+        assert_eq!(
+            without_partial_marker("out\n__AIRLOCK_AIO_12ab".into()),
+            "out"
+        );
+        assert_eq!(without_partial_marker("out\nname? ".into()), "out\nname? ");
+        assert_eq!(without_partial_marker("out\n".into()), "out\n");
+        let script = script("echo hi", "__AIRLOCK_AIO_ab__");
+        assert!(script.contains("'/tmp/.airlock-aio-AIRLOCK_AIO_ab'"));
+        assert!(script.contains("{ echo hi\n} <&3 3<&-; printf '\\n__AIRLOCK_AIO_ab__%d %s\\n'"));
     }
 
     #[test]
