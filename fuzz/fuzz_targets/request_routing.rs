@@ -1,11 +1,13 @@
 //! What decides where a request goes and what of it goes in: the ports
 //! dialect's `PORT-ID.DOMAIN` hosts and `/v1/sandboxes/ID/ports/PORT/`
 //! paths, the path that goes in, the headers taken off; and the e2b
-//! upload's `X-Metadata-*` headers. Hostile bytes never panic, a target
+//! upload's `X-Metadata-*` headers; the AIO upload's multipart form.
+//! Hostile bytes never panic, a target
 //! is always a real port of a sandbox-shaped id under the domain, and no
 //! daemon credential survives the header rewrite.
 #![no_main]
 
+use airlock_api::aio::fuzzing::form_parts;
 use airlock_api::e2b::sandbox::fuzzing::metadata;
 use airlock_api::ports::{by_host, by_path, fuzz_inward_headers, fuzz_inward_uri};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
@@ -81,5 +83,11 @@ fuzz_target!(|input: &[u8]| {
         let total: usize = found.iter().map(|(k, v)| k.len() + v.len()).sum();
         assert!(total <= 4096);
         assert!(found.values().all(|v| v.bytes().all(|b| (0x20..=0x7e).contains(&b))));
+    }
+    // The AIO upload's form, whole in memory: every part's bytes lie
+    // inside the body.
+    if let Ok(parts) = form_parts(input, "b0undary") {
+        let total: usize = parts.iter().map(|(_, _, data)| data.len()).sum();
+        assert!(total <= input.len());
     }
 });

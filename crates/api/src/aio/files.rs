@@ -641,6 +641,21 @@ fn form_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<FormPart<'a>>, S
     }
 }
 
+/// [`form_parts`] for the fuzz targets: each field's name, file name and
+/// bytes.
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_form_parts(
+    body: &[u8],
+    boundary: &str,
+) -> Result<Vec<(String, Option<String>, Vec<u8>)>, String> {
+    form_parts(body, boundary).map(|parts| {
+        parts
+            .into_iter()
+            .map(|p| (p.name, p.filename, p.data.to_vec()))
+            .collect()
+    })
+}
+
 /// `POST /v1/file/upload`: a `multipart/form-data` body with the file's
 /// bytes as `file` and where it goes as `path` (by default the home
 /// directory, under the part's file name); written atomically, parents

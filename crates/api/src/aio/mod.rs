@@ -22,6 +22,11 @@
 
 mod editor;
 mod files;
+/// The parsers the fuzz targets drive.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    pub use super::files::fuzz_form_parts as form_parts;
+}
 pub mod provisioner;
 pub mod sandbox;
 mod shell;
