@@ -23,11 +23,12 @@
 //!    start inside a directory it could not enter).
 //! 5. `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`: every inherited descriptor
 //!    past stdio closes at exec. Marked close-on-exec rather than closed:
-//!    std's exec-error pipe must survive until the exec.
+//!    the descriptors stay the agent's (the child shares nothing but its
+//!    table's copy, yet marking is as cheap and leaves nothing to order).
 //!
-//! `std::process::Command::uid/gid` are not used: std applies them before
-//! `pre_exec`, which would lose `CAP_SETPCAP` before the bounding set is
-//! dropped.
+//! The child runs this between `clone(CLONE_VM | CLONE_VFORK)` and `execve`
+//! (see `crate::spawn`): only raw system calls, the thread-local
+//! credential calls (never glibc's process-wide `setuid`), no allocation.
 
 use airlock_protocol::{Identity, ProcessLimits};
 use rustix::io::Errno;

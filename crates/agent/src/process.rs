@@ -2,11 +2,10 @@
 //!
 //! # Lifecycle of a `spawn`
 //!
-//! 1. `std::process::Command` with exactly the requested environment, stdin
-//!    piped or `/dev/null`, stdout/stderr piped, and a `pre_exec` hook
-//!    ([`ChildSetup`]) for session, rlimits, identity, cwd and descriptors.
-//!    The fork/exec runs on a blocking thread so a slow exec never stalls the
-//!    loop. Failure: one final `error`, no `started`.
+//! 1. [`crate::spawn`] (a vfork-style clone) with exactly the requested
+//!    environment, stdin piped or `/dev/null`, stdout/stderr piped, and
+//!    [`ChildSetup`] in the child for session, rlimits, identity, cwd and
+//!    descriptors. Failure: one final `error`, no `started`.
 //! 2. `started{pid}`, then one pump task per output stream forwards chunks of
 //!    at most 64 KiB. At `output_limit` bytes the pump forwards exactly up to
 //!    the cap, marks the stream truncated and drops its read end, so the
@@ -24,8 +23,8 @@
 //! pipes. The agent opens the master (`/dev/ptmx`) and its slave, sets the
 //! size, and the child gets the slave as stdin, stdout and stderr and, right
 //! after `setsid`, as its controlling terminal; everything else (identity,
-//! cwd, environment, rlimits, timeout) is the same `pre_exec` path as for
-//! pipes. The agent holds no slave descriptor after the fork, so the master
+//! cwd, environment, rlimits, timeout) is the same child setup as for
+//! pipes. The agent holds no slave descriptor after the start, so the master
 //! reads EIO once the child and everything it left holding the slave are
 //! gone: that is the end of the output. The master is read like stdout
 //! (`pty` events, counted against `output_limit` as stdout) and written by
@@ -508,7 +507,7 @@ impl Processes {
             terminal_owner,
             setup,
         };
-        // Launched on the runtime thread: fork and exec take a fraction of a
+        // Launched on the runtime thread: the start and exec take a fraction of a
         // millisecond, less than handing the work to a blocking-pool thread
         // (a thread to create in a pids-limited sandbox, two wake-ups).
         let launched = {
