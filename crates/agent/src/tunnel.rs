@@ -24,7 +24,7 @@ pub(crate) const MAX_OPEN: usize = 1024;
 /// Chunks from the host queued per connection before the read loop waits.
 const QUEUE: usize = 8;
 /// Bytes read from the sandbox's end into one `stream_data`.
-const CHUNK_BYTES: usize = 64 * 1024;
+const CHUNK_BYTES: usize = 256 * 1024;
 /// How long a connect may take (a full listen backlog drops SYNs).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 

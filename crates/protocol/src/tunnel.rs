@@ -16,9 +16,9 @@ use crate::{AgentClient, ClientError, ErrorKind, Event, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 /// Bytes buffered in each direction of the pipe the caller holds.
-const PIPE_BYTES: usize = 256 * 1024;
+const PIPE_BYTES: usize = 1024 * 1024;
 /// Bytes carried in one `write_data` frame.
-const CHUNK_BYTES: usize = 64 * 1024;
+const CHUNK_BYTES: usize = 256 * 1024;
 
 /// A connection could not be opened.
 #[derive(Debug, thiserror::Error)]
