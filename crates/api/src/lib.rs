@@ -19,6 +19,7 @@ pub mod dialect;
 pub mod e2b;
 pub mod error;
 mod files;
+mod form;
 mod native;
 mod pools;
 pub mod ports;
@@ -83,6 +84,14 @@ pub(crate) async fn read_small_body(
 #[derive(Clone)]
 pub struct Api {
     pub daemon: Daemon,
+}
+
+/// Whether `id` has the shape of a sandbox id (`sbx-` and hex digits):
+/// what the dialects check before they look an id up.
+pub(crate) fn is_sandbox_id(id: &str) -> bool {
+    id.strip_prefix("sbx-").is_some_and(|hex| {
+        (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 /// The id of the request being served.

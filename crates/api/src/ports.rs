@@ -32,7 +32,7 @@
 
 use crate::dialect::{Audited, Dialect};
 use crate::error::ApiError;
-use crate::Api;
+use crate::{is_sandbox_id, Api};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
@@ -73,15 +73,6 @@ pub fn normalize_domain(text: &str) -> Result<String, String> {
     } else {
         Err(format!("{text:?} is not a domain name"))
     }
-}
-
-/// Whether `id` has the shape of a sandbox id (nothing else is looked up).
-fn is_sandbox_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 64
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A port number as a request writes it: digits only, 1 to 65535.

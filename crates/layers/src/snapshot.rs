@@ -755,20 +755,12 @@ impl<W: Write> Walk<'_, W> {
         for (header, name) in std::mem::take(&mut self.pending) {
             self.put_entry(header, &name, None)?;
         }
-        let mut header = Header::new_ustar();
-        let name = b"././@PaxHeader";
-        header.as_old_mut().name[..name.len()].copy_from_slice(name);
-        header.set_mode(0o644);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(0);
-        let size = records.len() as u64;
-        header.set_size(size);
-        header.set_entry_type(EntryType::XHeader);
-        header.set_cksum();
-        self.out.write_all(header.as_bytes()).map_err(write_err)?;
-        self.out.write_all(&records).map_err(write_err)?;
-        self.pad(size)
+        self.record(
+            Header::new_ustar(),
+            b"././@PaxHeader",
+            EntryType::XHeader,
+            &[&records],
+        )
     }
 
     /// Writes the regular file `name` of `dir`, listed as `listed`: a hard
@@ -929,20 +921,31 @@ impl<W: Write> Walk<'_, W> {
 
     /// A GNU long-name (`L`) or long-link (`K`) record: the value and a NUL.
     fn long(&mut self, kind: EntryType, value: &[u8]) -> Result<(), SnapshotError> {
-        let mut header = Header::new_gnu();
-        let name = b"././@LongLink";
+        self.record(Header::new_gnu(), b"././@LongLink", kind, &[value, &[0]])
+    }
+
+    /// An extension record (`header` of `kind` named `name`, root's, time
+    /// 0) whose data is `parts` in a row.
+    fn record(
+        &mut self,
+        mut header: Header,
+        name: &[u8],
+        kind: EntryType,
+        parts: &[&[u8]],
+    ) -> Result<(), SnapshotError> {
         header.as_old_mut().name[..name.len()].copy_from_slice(name);
         header.set_mode(0o644);
         header.set_uid(0);
         header.set_gid(0);
         header.set_mtime(0);
-        let size = value.len() as u64 + 1;
+        let size: u64 = parts.iter().map(|p| p.len() as u64).sum();
         header.set_size(size);
         header.set_entry_type(kind);
         header.set_cksum();
         self.out.write_all(header.as_bytes()).map_err(write_err)?;
-        self.out.write_all(value).map_err(write_err)?;
-        self.out.write_all(&[0]).map_err(write_err)?;
+        for part in parts {
+            self.out.write_all(part).map_err(write_err)?;
+        }
         self.pad(size)
     }
 

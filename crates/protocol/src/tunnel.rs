@@ -71,15 +71,15 @@ pub async fn open(client: &AgentClient, port: u16) -> Result<DuplexStream, Tunne
     tokio::spawn(async move {
         // The caller's bytes to the agent, until its end of file.
         let up = async {
+            let mut buf = vec![0; CHUNK_BYTES];
             loop {
-                let mut chunk = vec![0; CHUNK_BYTES];
-                match from_caller.read(&mut chunk).await {
+                match from_caller.read(&mut buf).await {
                     Ok(0) | Err(_) => {
                         let _ = client.send(id, Request::WriteEnd, Vec::new()).await;
                         return;
                     }
                     Ok(n) => {
-                        chunk.truncate(n);
+                        let chunk = buf[..n].to_vec();
                         if client.send(id, Request::WriteData, chunk).await.is_err() {
                             return;
                         }

@@ -560,41 +560,12 @@ pub(super) async fn glob(
     }))
 }
 
-/// The boundary of a `multipart/form-data` content type.
-fn multipart_boundary(content_type: &str) -> Option<&str> {
-    let mut parts = content_type.split(';');
-    if !parts
-        .next()?
-        .trim()
-        .eq_ignore_ascii_case("multipart/form-data")
-    {
-        return None;
-    }
-    parts.find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.trim()
-            .eq_ignore_ascii_case("boundary")
-            .then(|| v.trim().trim_matches('"'))
-            .filter(|b| !b.is_empty() && b.len() <= 200)
-    })
-}
-
 /// One field of a form.
 #[derive(Debug)]
 struct FormPart<'a> {
     name: String,
     filename: Option<String>,
     data: &'a [u8],
-}
-
-/// A `key="value"` parameter of a `Content-Disposition` header.
-fn disposition_param(header: &str, key: &str) -> Option<String> {
-    header.split(';').skip(1).find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.trim()
-            .eq_ignore_ascii_case(key)
-            .then(|| v.trim().trim_matches('"').to_owned())
-    })
 }
 
 /// The fields of a `multipart/form-data` body held whole.
@@ -633,8 +604,8 @@ fn form_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<FormPart<'a>>, S
         let data_len = memchr::memmem::find(&rest[data_start..], between.as_bytes())
             .ok_or("the multipart body ends early")?;
         parts.push(FormPart {
-            name: disposition_param(&disposition, "name").unwrap_or_default(),
-            filename: disposition_param(&disposition, "filename"),
+            name: crate::form::disposition_param(&disposition, "name").unwrap_or_default(),
+            filename: crate::form::disposition_param(&disposition, "filename"),
             data: &rest[data_start..data_start + data_len],
         });
         at = body.len() - rest.len() + data_start + data_len + between.len();
@@ -671,7 +642,7 @@ pub(super) async fn upload(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
-    let Some(boundary) = multipart_boundary(content_type) else {
+    let Some(boundary) = crate::form::multipart_boundary(content_type) else {
         return failed(
             StatusCode::UNPROCESSABLE_ENTITY,
             "the body must be multipart/form-data with a file field",
@@ -928,10 +899,10 @@ mod tests {
         .is_err());
         assert!(form_parts(b"nothing", "XY").is_err());
         assert_eq!(
-            multipart_boundary("multipart/form-data; boundary=\"abc\""),
+            crate::form::multipart_boundary("multipart/form-data; boundary=\"abc\""),
             Some("abc")
         );
-        assert_eq!(multipart_boundary("application/json"), None);
+        assert_eq!(crate::form::multipart_boundary("application/json"), None);
     }
 
     #[test]

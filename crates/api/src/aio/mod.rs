@@ -143,13 +143,6 @@ impl crate::dialect::Dialect for Routers {
     }
 }
 
-/// Whether `id` has the shape of a sandbox id (`sbx-` and hex digits).
-pub(crate) fn is_sandbox_id(id: &str) -> bool {
-    id.strip_prefix("sbx-").is_some_and(|hex| {
-        (1..=32).contains(&hex.len()) && hex.bytes().all(|b| b.is_ascii_hexdigit())
-    })
-}
-
 /// An answer in the AIO envelope: `{success, message, data}` with `status`.
 pub(crate) fn envelope(
     status: axum::http::StatusCode,

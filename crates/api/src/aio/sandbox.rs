@@ -81,7 +81,7 @@ async fn authorize(State(aio): State<Aio>, mut request: Request, next: Next) -> 
     };
     // One that ended is gone for this API (a paused one is there, and
     // its calls answer 409 until it is resumed).
-    let known = super::is_sandbox_id(id)
+    let known = crate::is_sandbox_id(id)
         && aio.api.daemon.access_token_matches(id, token)
         && (aio.api.daemon.running(id).is_ok() || aio.api.daemon.is_paused(id));
     if !known {

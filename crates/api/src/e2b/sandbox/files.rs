@@ -385,8 +385,8 @@ pub async fn upload(
         } else {
             body
         };
-        if let Some(boundary) = multipart_boundary(&content_type) {
-            let mut parts = Multipart::new(body, &boundary);
+        if let Some(boundary) = crate::form::multipart_boundary(&content_type) {
+            let mut parts = Multipart::new(body, boundary);
             while let Some(part) = parts.next_part().await? {
                 let name = query
                     .path
@@ -488,25 +488,6 @@ impl Writer<'_> {
             .await?;
         Ok(path)
     }
-}
-
-/// The boundary of a `multipart/form-data` content type.
-fn multipart_boundary(content_type: &str) -> Option<String> {
-    let mut parts = content_type.split(';');
-    if !parts
-        .next()?
-        .trim()
-        .eq_ignore_ascii_case("multipart/form-data")
-    {
-        return None;
-    }
-    parts.find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.trim()
-            .eq_ignore_ascii_case("boundary")
-            .then(|| v.trim().trim_matches('"').to_owned())
-            .filter(|b| !b.is_empty() && b.len() <= 200)
-    })
 }
 
 /// Headers of one part of a multipart body.
@@ -686,7 +667,7 @@ where
                         if !name.trim().eq_ignore_ascii_case("content-disposition") {
                             return None;
                         }
-                        disposition_filename(value)
+                        crate::form::disposition_param(value, "filename")
                     });
                     self.phase = Phase::Data;
                     return Ok(Some(Part { filename }));
@@ -729,57 +710,6 @@ where
             }
         }
     }
-}
-
-/// The `filename` of a Content-Disposition value (`form-data; name="file";
-/// filename="/home/user/a;b.txt"`): parameters are split at semicolons
-/// outside quoted strings, and a quoted string's `\"` and `\\` stand for
-/// `"` and `\` (RFC 9110, 5.6.4).
-fn disposition_filename(value: &str) -> Option<String> {
-    let mut rest = value;
-    loop {
-        let (param, after) = split_param(rest);
-        if let Some((k, v)) = param.split_once('=') {
-            if k.trim().eq_ignore_ascii_case("filename") {
-                return Some(unquote(v.trim()));
-            }
-        }
-        rest = after?;
-    }
-}
-
-/// The first `;`-separated parameter of `text` and what follows its `;`
-/// (`None` after the last), a `;` inside a quoted string not counting.
-fn split_param(text: &str) -> (&str, Option<&str>) {
-    let mut quoted = false;
-    let mut escaped = false;
-    for (at, c) in text.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            ';' if !quoted => return (&text[..at], Some(&text[at + 1..])),
-            _ => {}
-        }
-    }
-    (text, None)
-}
-
-/// A parameter value without its quotes and escapes (a token as it is).
-fn unquote(value: &str) -> String {
-    let Some(inner) = value.strip_prefix('"') else {
-        return value.to_owned();
-    };
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => break,
-            '\\' => out.extend(chars.next()),
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 /// Reads `chunks` as a multipart body with `boundary` the way an upload
@@ -881,12 +811,15 @@ mod tests {
             ("form-data; FileName=plain.txt", "plain.txt"),
         ] {
             assert_eq!(
-                disposition_filename(value).as_deref(),
+                crate::form::disposition_param(value, "filename").as_deref(),
                 Some(name),
                 "{value}"
             );
         }
-        assert_eq!(disposition_filename(r#"form-data; name="file""#), None);
+        assert_eq!(
+            crate::form::disposition_param(r#"form-data; name="file""#, "filename"),
+            None
+        );
     }
 
     #[tokio::test]
@@ -964,9 +897,12 @@ mod tests {
         assert!(same_secret(&s, &expected));
         assert!(!same_secret(&s, "v1_"));
         assert_eq!(
-            multipart_boundary("multipart/form-data; boundary=\"abc\"").as_deref(),
+            crate::form::multipart_boundary("multipart/form-data; boundary=\"abc\""),
             Some("abc")
         );
-        assert_eq!(multipart_boundary("application/octet-stream"), None);
+        assert_eq!(
+            crate::form::multipart_boundary("application/octet-stream"),
+            None
+        );
     }
 }
