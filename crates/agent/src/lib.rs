@@ -58,6 +58,7 @@
 //! - `files`: file operations.
 //! - `watch`: `watch` and `cancel` (inotify).
 //! - `failure`: mapping of OS errors onto protocol error kinds.
+//! - `sudo`: `sudo` granted by the agent, and the shim that asks for it.
 //! - `restorable`: a host channel pumped by blocking threads, for a tier
 //!   that checkpoints and restores the sandbox (gVisor).
 
@@ -70,6 +71,7 @@ mod reaper;
 pub mod restorable;
 mod session;
 mod spawn;
+pub mod sudo;
 mod tunnel;
 mod watch;
 
@@ -92,6 +94,9 @@ pub struct AgentConfig {
     pub user_home: PathBuf,
     /// Home and default working directory of `Identity::Root` (`/root`).
     pub root_home: PathBuf,
+    /// The abstract socket name on which to grant `sudo` ([`sudo`]), when
+    /// the sandbox's image has it; `None`: no sudo.
+    pub sudo_socket: Option<String>,
 }
 
 /// Why [`serve`] failed.

@@ -251,7 +251,7 @@ fn validate_size(size: PtySize) -> Result<(), Failure> {
 }
 
 /// Sends `signal` to the process group `pgid`.
-fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
+pub(crate) fn kill_group(pgid: u32, signal: i32) -> io::Result<()> {
     let pgid = i32::try_from(pgid)
         .ok()
         .filter(|p| *p > 1)

@@ -119,6 +119,18 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
         })
     });
 
+    // Before any command runs, so no process of the sandbox can take the
+    // name first.
+    let sudo = match &config.sudo_socket {
+        Some(name) => crate::sudo::Sudo::listen(name, Arc::clone(&config), Arc::clone(&reaper))
+            .ok()
+            .map(|(sudo, listener)| {
+                let task = tokio::spawn(Arc::clone(&sudo).serve(listener));
+                (sudo, task)
+            }),
+        None => None,
+    };
+
     let files = Files::new(config.user_home.clone(), config.drop_privileges);
     let mut session = Session {
         outbox: outbox.clone(),
@@ -151,6 +163,10 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
     session.writes.clear();
     session.watches.close_all();
     session.tunnels.close_all();
+    if let Some((sudo, task)) = sudo {
+        task.abort();
+        sudo.kill_all();
+    }
     match stop {
         Stop::Terminated => session.processes.terminate_all().await,
         Stop::Closed | Stop::Corrupt(_) => session.processes.kill_all().await,

@@ -22,6 +22,7 @@ fn start_agent() -> (
         drop_privileges: false,
         user_home: home.path().to_path_buf(),
         root_home: home.path().to_path_buf(),
+        sudo_socket: None,
     };
     let thread = std::thread::spawn(move || {
         let _ = serve(config, agent);

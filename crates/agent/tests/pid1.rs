@@ -37,6 +37,7 @@ fn pid1_agent_child() {
         drop_privileges: true,
         user_home: PathBuf::from(std::env::var_os(USER_HOME).unwrap()),
         root_home: PathBuf::from(std::env::var_os(ROOT_HOME).unwrap()),
+        sudo_socket: None,
     };
     serve(config, UnixStream::from(fd)).unwrap();
 }

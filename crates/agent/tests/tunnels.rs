@@ -19,6 +19,7 @@ async fn client() -> (AgentClient, tempfile::TempDir) {
         drop_privileges: false,
         user_home: home.path().to_path_buf(),
         root_home: home.path().to_path_buf(),
+        sudo_socket: None,
     };
     std::thread::spawn(move || {
         let _ = serve(config, agent);

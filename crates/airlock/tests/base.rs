@@ -130,3 +130,35 @@ fn the_daemon_bootstraps_a_template_and_refuses_bad_recipes() {
     let (out, code) = daemon.sh_out(id, "id -un; test -e /usr/bin/python3 || echo no-python");
     assert_eq!((out.as_str(), code), ("user\nno-python\n", 0));
 }
+
+/// `sudo` works for `user` on base, on every tier, as e2b's templates'
+/// does: passwordless, root by default or `-u user`, stdin and exit codes
+/// passed through, sudo's environment reset, `-i`, signals relayed (a
+/// `timeout` around `sudo sleep` ends the sleep), sudo's own messages.
+#[test]
+fn sudo_works_for_user_on_every_tier() {
+    let daemon = TestDaemon::start(&[]);
+    import_base(&daemon);
+    let script = "id -un; sudo whoami; sudo -u user whoami; \
+         echo piped | sudo tee /root/f >/dev/null; sudo cat /root/f; stat -c %U /root/f 2>&1 | tail -c 18; \
+         sudo sh -c 'exit 3'; echo code=$?; \
+         FOO=1 sudo printenv FOO || echo reset; sudo FOO=2 printenv FOO; sudo -E true && echo kept; \
+         sudo printenv HOME SUDO_USER; sudo -i pwd; cd /tmp && sudo pwd; sudo -n true && echo nopasswd; \
+         timeout -s INT 1 sudo sleep 30; echo timeout=$?; sleep 0.3; pgrep -x sleep || echo no-sleep; \
+         sudo no-such-command 2>&1; sudo -u nobody true 2>&1 | cut -c1-5";
+    for tier in ["process", "oci", "gvisor"] {
+        let created = daemon.create(json!({"template": "base", "tier": tier}));
+        let id = created["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{tier}: {created}"));
+        let (out, code) = daemon.sh_out(id, script);
+        assert_eq!(code, 0, "{tier}: {out}");
+        assert_eq!(
+            out,
+            "user\nroot\nuser\npiped\nPermission denied\ncode=3\nreset\n2\nkept\n/root\nuser\n\
+             /root\n/tmp\nnopasswd\ntimeout=124\nno-sleep\nsudo: no-such-command: command not found\nsudo:\n",
+            "{tier}"
+        );
+        daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    }
+}

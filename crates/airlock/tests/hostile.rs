@@ -296,6 +296,43 @@ fn root_keeps_only_a_small_capability_set() {
     assert!(status.contains("NoNewPrivs:\t1"));
 }
 
+/// `sudo` (where the image ships it: `base`) gives `user` the sandbox's
+/// root and nothing more: the capabilities, no_new_privs and seccomp
+/// filter of a command the API starts as root, so a mount still fails.
+/// Where the image has no sudo, no process can ask the agent for root.
+#[test]
+fn sudo_grants_the_sandboxs_root_and_nothing_more() {
+    let probe = format!("grep -E '^(CapEff|CapBnd|Seccomp):' /proc/self/status{NO_NEW_PRIVS}");
+    let as_root = stdout(&sh_json(&["--user", "root"], &probe)).to_owned();
+    assert!(as_root.contains("NoNewPrivs:\t1"), "{as_root}");
+    if on_base() {
+        let value = sh_json(
+            &[],
+            &format!(
+                "cat > /tmp/probe.sh <<'PROBE'\n{probe}\nPROBE\n\
+                 id -un; sudo id -un; sudo sh /tmp/probe.sh; \
+                 sudo mount -t tmpfs none /mnt 2>/dev/null && echo MOUNTED || echo refused"
+            ),
+        );
+        assert_eq!(
+            stdout(&value),
+            format!("user\nroot\n{as_root}refused\n"),
+            "{value}"
+        );
+    } else {
+        let value = sh_json(
+            &[],
+            "python3 -c 'import socket; s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET); \
+             print(s.connect_ex(b\"\\0airlock-sudo\"))'",
+        );
+        assert_eq!(
+            stdout(&value),
+            format!("{}\n", libc::ECONNREFUSED),
+            "a sandbox without sudo has no sudo socket: {value}"
+        );
+    }
+}
+
 #[test]
 fn landlock_confines_writes_of_root() {
     // Root inside owns the tmpfs root and /mnt/skills, so only Landlock stops these.

@@ -189,7 +189,16 @@ impl RootDir {
         raw_mount(source, &fd_path(&target), fstype, flags, data)
     }
 
-    /// Remounts the mount at `path` read-only (plus `extra`), keeping the
+    /// What to mount for the host path `source`: its opened descriptor's
+    /// link (see [`HostSources`]), or the path itself.
+    fn source(&self, source: &Path) -> Result<String, Errno> {
+        match self.sources.link(source) {
+            Some(link) => Ok(link),
+            None => source.to_str().map(str::to_owned).ok_or(Errno::INVAL),
+        }
+    }
+
+        /// Remounts the mount at `path` read-only (plus `extra`), keeping the
     /// flags the kernel locks for mounts that came from the host.
     fn remount(&self, path: &str, read_only: bool, extra: Flags) -> Result<(), Errno> {
         let target = self.resolve(path, OFlags::PATH)?;
@@ -372,14 +381,7 @@ impl RootfsSys for RootDir {
                 }
             }
         }
-        let source = match self.sources.link(source) {
-            Some(link) => link,
-            None => source
-                .to_str()
-                .ok_or(Errno::INVAL)
-                .map_err(fail("bind", path))?
-                .to_owned(),
-        };
+        let source = self.source(source).map_err(fail("bind", path))?;
         self.mount_on(Some(&source), path, None, libc::MS_BIND, None)
             .map_err(fail("bind", path))?;
         if !read_only && flags == Flags::default() {
@@ -387,6 +389,33 @@ impl RootfsSys for RootDir {
         }
         self.remount(path, read_only, flags)
             .map_err(fail("remount", path))
+    }
+
+    fn cover_file(&mut self, source: &Path, path: &str) -> Result<(), SetupError> {
+        // Looked at without following a last symlink: only a regular file
+        // of the image is covered, and the mount lands on that file.
+        let target = match self.resolve(path, OFlags::PATH | OFlags::NOFOLLOW) {
+            Ok(target) => target,
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => return Ok(()),
+            Err(e) => return Err(fail("open", path)(e)),
+        };
+        let stat = rustix::fs::fstat(&target).map_err(fail("stat", path))?;
+        if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::RegularFile {
+            return Ok(());
+        }
+        let source = self.source(source).map_err(fail("cover", path))?;
+        raw_mount(Some(&source), &fd_path(&target), None, libc::MS_BIND, None)
+            .map_err(fail("cover", path))?;
+        self.remount(
+            path,
+            true,
+            Flags {
+                nosuid: true,
+                nodev: true,
+                noexec: false,
+            },
+        )
+        .map_err(fail("remount", path))
     }
 
     fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), SetupError> {

@@ -885,6 +885,7 @@ impl HostFacts {
         facts.localtime = fs::read_link("/etc/localtime")
             .ok()
             .map(|t| t.to_string_lossy().into_owned());
+        facts.sudo_shim = Some(agent_binary()).filter(|agent| agent.is_file());
         facts
     }
 }
@@ -1054,10 +1055,7 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         .rootfs
         .ops
         .iter()
-        .filter_map(|op| match op {
-            rootfs::SetupOp::BindHost { source, .. } => Some(source.as_path()),
-            _ => None,
-        })
+        .filter_map(rootfs::SetupOp::host_source)
         .collect();
     if let Some(template) = context.template_dir {
         host_paths.push(template);

@@ -68,6 +68,11 @@ pub enum SetupOp {
         read_only: bool,
         flags: Flags,
     },
+    /// Binds a host file read-only (nosuid, nodev) over the regular file
+    /// at `path` when the root has one there, and does nothing otherwise
+    /// (the mount point is never created, so nothing is copied up): how a
+    /// template's `/usr/bin/sudo` becomes the agent's shim.
+    CoverFile { source: PathBuf, path: String },
     /// Attaches the detached mount `tree` the launcher handed over (a
     /// volume's, in the spec's order), creating the mount point.
     AttachTree { path: String, tree: usize },
@@ -105,6 +110,21 @@ pub enum SetupOp {
     },
 }
 
+impl SetupOp {
+    /// The host path this step binds, which the setup opens beforehand.
+    pub fn host_source(&self) -> Option<&std::path::Path> {
+        match self {
+            SetupOp::BindHost { source, .. } | SetupOp::CoverFile { source, .. } => {
+                Some(source.as_path())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Where an image keeps the `sudo` that [`HostFacts::sudo_shim`] covers.
+pub const SUDO_PATH: &str = "usr/bin/sudo";
+
 /// The largest account file [`SetupOp::EnsureEntry`] reads.
 pub const MAX_ACCOUNT_FILE: u64 = 1 << 20;
 
@@ -139,6 +159,9 @@ pub struct HostFacts {
     pub shared_etc: Vec<(String, NodeKind)>,
     /// Target of the host's `/etc/localtime` symlink.
     pub localtime: Option<String>,
+    /// The agent binary, bound over an image's `sudo` (see
+    /// `airlock_agent::sudo`); `None` leaves `sudo` as the image has it.
+    pub sudo_shim: Option<PathBuf>,
 }
 
 /// A top-level host entry.
@@ -375,6 +398,13 @@ pub fn plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> RootfsPlan
         }
     }
 
+    if let Some(shim) = &facts.sudo_shim {
+        ops.push(SetupOp::CoverFile {
+            source: shim.clone(),
+            path: SUDO_PATH.into(),
+        });
+    }
+
     ops.push(mkdir("proc", 0o555, 0));
     ops.push(SetupOp::Proc {
         path: "proc".into(),
@@ -463,6 +493,7 @@ pub fn guest_plan(spec: &SandboxSpec, facts: &HostFacts, hostname: &str) -> Root
         SetupOp::Mkdir { path, .. } => !kernels(path),
         SetupOp::Tmpfs { path, .. }
         | SetupOp::BindHost { path, .. }
+        | SetupOp::CoverFile { path, .. }
         | SetupOp::AttachTree { path, .. }
         | SetupOp::Symlink { path, .. }
         | SetupOp::MaskFile { path }
@@ -536,6 +567,8 @@ pub trait RootfsSys {
     /// Attaches the `tree`th detached mount the setup was given at `path`,
     /// creating the directory first.
     fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), Self::Error>;
+    /// See [`SetupOp::CoverFile`].
+    fn cover_file(&mut self, source: &std::path::Path, path: &str) -> Result<(), Self::Error>;
     fn mount_fs(
         &mut self,
         fstype: &str,
@@ -577,6 +610,7 @@ pub fn apply<S: RootfsSys>(plan: &RootfsPlan, sys: &mut S) -> Result<(), S::Erro
                 flags,
             } => sys.bind_host(source, path, *kind, *read_only, *flags)?,
             SetupOp::AttachTree { path, tree } => sys.attach_tree(path, *tree)?,
+            SetupOp::CoverFile { source, path } => sys.cover_file(source, path)?,
             SetupOp::Tmpfs {
                 path,
                 options,
@@ -638,6 +672,7 @@ mod tests {
             ],
             shared_etc: vec![("ld.so.cache".into(), NodeKind::File)],
             localtime: None,
+            sudo_shim: Some("/opt/airlock/airlock-agent".into()),
         }
     }
 
@@ -685,6 +720,11 @@ mod tests {
         }
         fn attach_tree(&mut self, path: &str, tree: usize) -> Result<(), ()> {
             self.calls.push(format!("attach {tree} {path}"));
+            Ok(())
+        }
+        fn cover_file(&mut self, source: &std::path::Path, path: &str) -> Result<(), ()> {
+            self.calls
+                .push(format!("cover {} {path}", source.display()));
             Ok(())
         }
         fn mount_fs(&mut self, fstype: &str, path: &str, _o: &str, _f: Flags) -> Result<(), ()> {
@@ -923,6 +963,35 @@ mod tests {
         assert!(!plan.writable.contains(&"/mnt/in".to_string()));
     }
     #[test]
+    fn an_images_sudo_is_covered_by_the_agent_on_every_kernel() {
+        let spec = SandboxSpec {
+            template: Template::Layers {
+                layers: vec!["/layers/a".into()],
+            },
+            ..SandboxSpec::default()
+        };
+        for plan in [
+            plan(&spec, &facts(), "sbx-1"),
+            guest_plan(&spec, &facts(), "sbx-1"),
+        ] {
+            let mut rec = Recorder::default();
+            apply(&plan, &mut rec).unwrap();
+            position(&rec.calls, "cover /opt/airlock/airlock-agent usr/bin/sudo");
+            assert!(plan
+                .ops
+                .iter()
+                .filter_map(SetupOp::host_source)
+                .any(|source| source == std::path::Path::new("/opt/airlock/airlock-agent")));
+        }
+        // Without a shim, nothing covers it.
+        let bare = plan(&spec, &HostFacts::default(), "sbx-1");
+        assert!(!bare
+            .ops
+            .iter()
+            .any(|op| matches!(op, SetupOp::CoverFile { .. })));
+    }
+
+    #[test]
     fn a_guest_kernel_gets_the_root_without_proc_and_dev() {
         let spec = SandboxSpec::default();
         let guest = guest_plan(&spec, &HostFacts::default(), "sbx-1");
@@ -933,6 +1002,7 @@ mod tests {
                 SetupOp::Mkdir { path, .. }
                 | SetupOp::Tmpfs { path, .. }
                 | SetupOp::BindHost { path, .. }
+                | SetupOp::CoverFile { path, .. }
                 | SetupOp::AttachTree { path, .. }
                 | SetupOp::Symlink { path, .. }
                 | SetupOp::MaskFile { path }

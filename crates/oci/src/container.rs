@@ -406,14 +406,7 @@ impl Container {
             Template::Layers { layers } => layers,
             _ => &[],
         };
-        let mut host_paths: Vec<&Path> = plan
-            .ops
-            .iter()
-            .filter_map(|op| match op {
-                SetupOp::BindHost { source, .. } => Some(source.as_path()),
-                _ => None,
-            })
-            .collect();
+        let mut host_paths: Vec<&Path> = plan.ops.iter().filter_map(SetupOp::host_source).collect();
         host_paths.extend(template_dir);
         host_paths.extend(upper);
         let sources =

@@ -85,6 +85,7 @@ impl Agent {
             drop_privileges: false,
             user_home: home.path().to_path_buf(),
             root_home: home.path().to_path_buf(),
+            sudo_socket: None,
         };
         let thread = std::thread::spawn(move || serve(config, theirs));
         let mut agent = Agent::connect(ours, home);

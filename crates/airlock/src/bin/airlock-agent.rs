@@ -15,6 +15,9 @@
 //! on itself before anything else, with no_new_privs, so it and every
 //! process it starts run under it: the OCI tiers' way to the filter the
 //! process tier's launcher installs before it execs the agent.
+//!
+//! Called as `sudo` (the tiers bind it over an image's `/usr/bin/sudo`),
+//! the binary is that sandbox's sudo instead: `airlock_agent::sudo::shim`.
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
@@ -26,7 +29,13 @@ const EXIT_BAD_INPUT: u8 = 2;
 const EXIT_INTERNAL: u8 = 125;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args = std::env::args_os();
+    // Bound over a sandbox's `/usr/bin/sudo`, this binary is its sudo.
+    let called = args.next().unwrap_or_default();
+    if std::path::Path::new(&called).file_name() == Some(std::ffi::OsStr::new("sudo")) {
+        return airlock_agent::sudo::shim::main(args.collect());
+    }
+    let args: Vec<String> = args.map(|a| a.to_string_lossy().into_owned()).collect();
     let (fd, seccomp) = match args.as_slice() {
         [flag, fd] if flag == "--fd" => (fd.parse::<RawFd>().ok(), None),
         [flag, fd, filter, path] if flag == "--fd" && filter == "--seccomp" => {
@@ -76,6 +85,11 @@ fn main() -> ExitCode {
         drop_privileges: true,
         user_home: "/home/user".into(),
         root_home: "/root".into(),
+        // Granted where the sandbox's image ships sudo (the tiers bind this
+        // binary over it); see `airlock_agent::sudo`.
+        sudo_socket: std::path::Path::new(airlock_agent::sudo::SUDO_PATH)
+            .is_file()
+            .then(|| airlock_agent::sudo::SOCKET_NAME.to_owned()),
     };
     match airlock_agent::serve(config, channel) {
         Ok(()) => ExitCode::SUCCESS,
