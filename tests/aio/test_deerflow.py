@@ -590,6 +590,311 @@ def test_env_tool_hard_timeout(thread):
     assert time.monotonic() - started < 20
 
 
+# --- Bash sessions (/v1/bash/*) ---------------------------------------------
+
+
+def bash_read(sbx, session_id, command_id=None, limit=30):
+    """Reads a command's output as a client polls it: /v1/bash/output with
+    the offsets of the last answer, long-polling, until the command is no
+    longer running. (stdout, stderr, the last answer's data)."""
+    out, err, offset, stderr_offset = "", "", 0, 0
+    deadline = time.monotonic() + limit
+    while True:
+        data = sbx.bash.output(
+            session_id=session_id,
+            command_id=command_id,
+            offset=offset,
+            stderr_offset=stderr_offset,
+            wait=True,
+            wait_timeout=5,
+        ).data
+        assert data.session_id == session_id, data
+        # Offsets count bytes, and move by what the answer carried.
+        assert data.offset == offset + len(data.stdout.encode()), data
+        assert data.stderr_offset == stderr_offset + len(data.stderr.encode()), data
+        out, err = out + data.stdout, err + data.stderr
+        offset, stderr_offset = data.offset, data.stderr_offset
+        if data.command.status not in ("pending", "running"):
+            return out, err, data
+        assert time.monotonic() < deadline, f"still {data.command.status} after {limit}s"
+
+
+def bash_session(sbx, **kwargs):
+    """A new bash session's id."""
+    session_id = f"b-{tag()}"
+    info = sbx.bash.create_session(session_id=session_id, **kwargs).data
+    assert info.session_id == session_id, info
+    return session_id
+
+
+def test_bash_session_keeps_cwd_and_exports(thread):
+    """Within one session cd and export carry over; a call's env is its
+    own; exec_dir moves the session; other sessions see none of it."""
+    sbx = thread.client
+    session = bash_session(sbx)
+    first = sbx.bash.exec(
+        session_id=session, command="mkdir -p /tmp/bs/d && cd /tmp/bs/d; export GREETING=hi"
+    ).data
+    assert first.status == "completed" and first.exit_code == 0, first
+    assert first.session_id == session and first.command_id, first
+    again = sbx.bash.exec(session_id=session, command='pwd; echo "$GREETING"').data
+    assert again.stdout.split() == ["/tmp/bs/d", "hi"], again
+    assert again.command_id != first.command_id
+    # A call's env is over the session's, and for that call only.
+    call = sbx.bash.exec(
+        session_id=session, command='echo "$GREETING $SECRET"', env={"GREETING": "call", "SECRET": "s3"}
+    ).data
+    assert call.stdout.strip() == "call s3", call
+    after = sbx.bash.exec(session_id=session, command='echo "$GREETING ${SECRET:-none}"').data
+    assert after.stdout.strip() == "hi none", after
+    # An exit still saves what the command changed; unset is kept too.
+    sbx.bash.exec(session_id=session, command="cd /tmp; export N=1; unset GREETING; exit 3")
+    state = sbx.bash.exec(session_id=session, command='pwd; echo "${GREETING:-gone} $N"').data
+    assert state.stdout.split() == ["/tmp", "gone", "1"], state
+    # exec_dir takes the command (and the session's next ones) there.
+    moved = sbx.bash.exec(session_id=session, command="pwd", exec_dir=WORKSPACE).data
+    assert moved.stdout.strip() == WORKSPACE, moved
+    assert sbx.bash.exec(session_id=session, command="pwd").data.stdout.strip() == WORKSPACE
+    # A session made in a directory starts there.
+    other = bash_session(sbx, exec_dir=OUTPUTS)
+    fresh = sbx.bash.exec(session_id=other, command='pwd; echo "${N:-unset}"').data
+    assert fresh.stdout.split() == [OUTPUTS, "unset"], fresh
+    # A call without a session runs in a fresh one, returned for reuse.
+    lone = sbx.bash.exec(command='echo "${N:-unset}"; cd /tmp; export M=2').data
+    assert lone.stdout.strip() == "unset" and lone.session_id not in (session, other), lone
+    reused = sbx.bash.exec(session_id=lone.session_id, command='pwd; echo "$M"').data
+    assert reused.stdout.split() == ["/tmp", "2"], reused
+
+
+def test_bash_stdout_and_stderr_apart(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    result = sbx.bash.exec(session_id=session, command="echo out; echo err >&2; echo €; exit 5").data
+    assert result.status == "completed" and result.exit_code == 5, result
+    assert result.stdout == "out\n€\n" and result.stderr == "err\n", result
+    assert result.offset == len("out\n€\n".encode()) and result.stderr_offset == 4, result
+    # The same output read back from offset 0, and from the answer's offsets.
+    read = sbx.bash.output(session_id=session).data
+    assert (read.stdout, read.stderr) == (result.stdout, result.stderr), read
+    assert read.command.command_id == result.command_id and read.command.exit_code == 5
+    rest = sbx.bash.output(session_id=session, offset=result.offset, stderr_offset=4).data
+    assert (rest.stdout, rest.stderr, rest.offset) == ("", "", result.offset), rest
+    # max_output_length cuts the middle of a long output.
+    long = sbx.bash.exec(
+        session_id=session, command="head -c 100000 /dev/zero | tr '\\0' a", max_output_length=1000
+    ).data
+    assert len(long.stdout) < 1200 and "truncated" in long.stdout, len(long.stdout)
+    assert long.offset == 100000, long.offset
+
+
+@pytest.mark.deadline(60)
+def test_bash_async_exec_polled_with_offsets(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    started = time.monotonic()
+    accepted = sbx.bash.exec(
+        session_id=session,
+        command="for i in 1 2 3; do echo out-$i; echo err-$i >&2; sleep 1; done; exit 2",
+        async_mode=True,
+    ).data
+    assert time.monotonic() - started < 2.0, "async exec waited"
+    assert accepted.status == "running", accepted
+    assert (accepted.offset, accepted.stderr_offset) == (0, 0), accepted
+    out, err, last = bash_read(sbx, session, accepted.command_id)
+    assert out == "out-1\nout-2\nout-3\n" and err == "err-1\nerr-2\nerr-3\n", (out, err)
+    assert last.command.status == "completed" and last.command.exit_code == 2, last
+    assert last.command.command_id == accepted.command_id
+    # While it runs it is the session's current command.
+    sbx.bash.exec(session_id=session, command="sleep 30", async_mode=True)
+    listed = {s.session_id: s for s in sbx.bash.sessions().data}
+    assert listed[session].current_command == "sleep 30", listed[session]
+    sbx.bash.kill(session_id=session, signal="SIGKILL")
+
+
+@pytest.mark.deadline(60)
+def test_bash_output_long_polls(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    command = sbx.bash.exec(session_id=session, command="sleep 1.5; echo late; sleep 30", async_mode=True).data
+    started = time.monotonic()
+    got = sbx.bash.output(session_id=session, wait=True, wait_timeout=20).data
+    elapsed = time.monotonic() - started
+    assert got.stdout == "late\n" and got.command.status == "running", got
+    assert 0.8 < elapsed < 10, elapsed
+    # Nothing new: the wait ends at wait_timeout with nothing.
+    started = time.monotonic()
+    idle = sbx.bash.output(session_id=session, offset=got.offset, wait=True, wait_timeout=1).data
+    assert idle.stdout == "" and idle.offset == got.offset, idle
+    assert 0.8 < time.monotonic() - started < 5
+    killed = sbx.bash.kill(session_id=session).data
+    assert killed["status"] == "killed" and killed["command_id"] == command.command_id, killed
+
+
+@pytest.mark.deadline(60)
+def test_bash_write_feeds_a_read(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    command = sbx.bash.exec(
+        session_id=session, command='read -r name; echo "hello $name"; read -r more; echo "$more"', async_mode=True
+    ).data
+    sbx.bash.write(session_id=session, input="airlock\n")
+    sbx.bash.write(session_id=session, command_id=command.command_id, input="and more\n")
+    out, err, last = bash_read(sbx, session)
+    assert out == "hello airlock\nand more\n" and err == "", (out, err)
+    assert last.command.status == "completed" and last.command.exit_code == 0, last
+    # Nothing runs now: a write is refused.
+    assert api_error(sbx.bash.write, session_id=session, input="x\n").status_code == 409
+
+
+@pytest.mark.deadline(60)
+def test_bash_kill(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    sbx.bash.exec(session_id=session, command="export KEPT=yes")
+    command = sbx.bash.exec(session_id=session, command="echo started; sleep 60", async_mode=True).data
+    bash_wait_for(sbx, session, "started")
+    started = time.monotonic()
+    killed = sbx.bash.kill(session_id=session).data
+    assert time.monotonic() - started < 5
+    assert killed["status"] == "killed" and killed["command_id"] == command.command_id, killed
+    read = sbx.bash.output(session_id=session, command_id=command.command_id).data
+    assert read.command.status == "killed" and read.stdout == "started\n", read
+    # One that ignores SIGTERM is ended by SIGKILL.
+    sbx.bash.exec(session_id=session, command="trap '' TERM; echo ready; sleep 60", async_mode=True)
+    bash_wait_for(sbx, session, "ready")
+    assert sbx.bash.kill(session_id=session, signal="SIGKILL").data["status"] == "killed"
+    # Nothing runs: a kill is refused; a bad signal is refused; the session
+    # goes on with what it had.
+    assert api_error(sbx.bash.kill, session_id=session).status_code == 409
+    assert api_error(sbx.bash.kill, session_id=session, signal="SIGNOPE").status_code == 400
+    alive = sbx.bash.exec(session_id=session, command='echo "alive $KEPT"').data
+    assert alive.stdout.strip() == "alive yes" and alive.status == "completed", alive
+
+
+def bash_wait_for(sbx, session, text, limit=20):
+    """Waits until the session's current command has printed `text`."""
+    deadline = time.monotonic() + limit
+    while text not in sbx.bash.output(session_id=session, wait=True, wait_timeout=2).data.stdout:
+        assert time.monotonic() < deadline, f"no {text!r} after {limit}s"
+
+
+@pytest.mark.deadline(60)
+def test_bash_hard_timeout(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    started = time.monotonic()
+    result = sbx.bash.exec(session_id=session, command="echo before; sleep 30", hard_timeout=1.0).data
+    assert result.status == "timed_out" and result.stdout == "before\n", result
+    assert time.monotonic() - started < 10
+    # An async one too, seen through output; the session goes on.
+    late = sbx.bash.exec(session_id=session, command="sleep 30", hard_timeout=1.0, async_mode=True).data
+    _, _, last = bash_read(sbx, session, late.command_id)
+    assert last.command.status == "timed_out", last
+    assert sbx.bash.exec(session_id=session, command="echo ok").data.stdout == "ok\n"
+
+
+@pytest.mark.deadline(60)
+def test_bash_timeout_returns_running_then_completes(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    started = time.monotonic()
+    result = sbx.bash.exec(session_id=session, command="echo begun; sleep 2; echo done", timeout=0.5).data
+    assert time.monotonic() - started < 2
+    assert result.status == "running" and result.exit_code is None, result
+    assert "begun\n".startswith(result.stdout), result
+    assert result.offset == len(result.stdout), result
+    # The rest comes from the offset the answer gave.
+    rest, offset = "", result.offset
+    while True:
+        read = sbx.bash.output(session_id=session, offset=offset, wait=True, wait_timeout=10).data
+        rest, offset = rest + read.stdout, read.offset
+        if read.command.status != "running":
+            break
+    assert result.stdout + rest == "begun\ndone\n", rest
+    assert read.command.status == "completed" and read.command.exit_code == 0, read
+
+
+@pytest.mark.deadline(60)
+def test_bash_commands_of_a_session_run_one_at_a_time(thread):
+    """A command sent while another runs waits for it (pending), then runs;
+    concurrent calls on one session all complete, in turn."""
+    sbx = thread.client
+    session = bash_session(sbx)
+    first = sbx.bash.exec(session_id=session, command="sleep 1; echo first > /tmp/order", async_mode=True).data
+    second = sbx.bash.exec(session_id=session, command="cat /tmp/order", async_mode=True).data
+    queued = sbx.bash.output(session_id=session, command_id=second.command_id).data
+    assert queued.command.status == "pending", queued
+    out, _, last = bash_read(sbx, session, second.command_id)
+    assert out == "first\n" and last.command.status == "completed", (out, last)
+    calls = 4
+    with concurrent.futures.ThreadPoolExecutor(calls) as pool:
+        results = list(
+            pool.map(
+                lambda i: sbx.bash.exec(session_id=session, command=f"sleep 0.3; echo got-{i}").data,
+                range(calls),
+            )
+        )
+    for i, result in enumerate(results):
+        assert result.status == "completed" and result.stdout == f"got-{i}\n", result
+    assert first.command_id != second.command_id
+
+
+def test_bash_unknown_session_is_404(thread):
+    sbx = thread.client
+    calls = [
+        lambda: sbx.bash.exec(session_id="nope", command="echo hi"),
+        lambda: sbx.bash.output(session_id="nope"),
+        lambda: sbx.bash.write(session_id="nope", input="x"),
+        lambda: sbx.bash.kill(session_id="nope"),
+        lambda: sbx.bash.close_session("nope"),
+    ]
+    for call in calls:
+        assert_session_not_found(api_error(call))
+
+
+@pytest.mark.deadline(60)
+def test_bash_closed_session_is_gone(thread):
+    sbx = thread.client
+    session = bash_session(sbx)
+    beat = f"/tmp/beat-{session}"
+    command = sbx.bash.exec(
+        session_id=session,
+        command=f"date +%s%N > {beat}; echo up; while :; do sleep 0.1; date +%s%N > {beat}; done",
+        async_mode=True,
+    ).data
+    bash_wait_for(sbx, session, "up")
+    closed = sbx.bash.close_session(session).data
+    assert closed == {"session_id": session, "status": "closed"}, closed
+    assert session not in {s.session_id for s in sbx.bash.sessions().data}
+    assert_session_not_found(api_error(sbx.bash.exec, session_id=session, command="echo hi"))
+    assert_session_not_found(api_error(sbx.bash.output, session_id=session, command_id=command.command_id))
+    assert_session_not_found(api_error(sbx.bash.close_session, session))
+    # Its command was ended with it: the beat stopped.
+    beats = [sbx.file.read_file(file=beat).data.content]
+    time.sleep(0.5)
+    beats.append(sbx.file.read_file(file=beat).data.content)
+    assert beats[0] == beats[1], beats
+
+
+def test_bash_sessions_are_listed(thread):
+    sbx = thread.client
+    assert_bad = api_error(sbx.bash.create_session, session_id="a/b")
+    assert assert_bad.status_code == 400, assert_bad
+    plain = bash_session(sbx)
+    placed = bash_session(sbx, exec_dir=WORKSPACE)
+    # Creating an existing session answers it as it is.
+    assert sbx.bash.create_session(session_id=placed).data.working_dir == WORKSPACE
+    sbx.bash.exec(session_id=plain, command="cd /tmp")
+    listed = {s.session_id: s for s in sbx.bash.sessions().data}
+    assert {plain, placed} <= set(listed), listed
+    assert listed[plain].status == "ready" and listed[plain].working_dir == "/tmp", listed[plain]
+    assert listed[plain].command_count == 1 and listed[plain].current_command is None
+    assert listed[placed].working_dir == WORKSPACE and listed[placed].command_count == 0
+    assert listed[plain].created_at <= listed[plain].last_used_at
+    auto = sbx.bash.create_session().data
+    assert auto.session_id and auto.status == "ready", auto
+
+
 # --- Files ---------------------------------------------------------------
 
 

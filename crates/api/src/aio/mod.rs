@@ -9,17 +9,18 @@
 //!   `/api/sandboxes…`, authenticated by `X-API-Key` (an airlock API key);
 //! - the **AIO API** of one sandbox ([`sandbox`]) under
 //!   `/aio/{sandbox id}/{access token}/`: `GET /v1/sandbox`, shell sessions
-//!   (`/v1/shell/…`), one-shot bash (`/v1/bash/exec`) and files
+//!   (`/v1/shell/…`), bash sessions (`/v1/bash/…`, [`bash`]) and files
 //!   (`/v1/file/…`). The AIO client sends no credentials, so the URL
 //!   itself is one: it carries the sandbox's access token, and a wrong one
 //!   is a 404, as an unknown sandbox is.
 //!
 //! Like every dialect it translates to calls on `airlock_daemon::Daemon`;
-//! the shell sessions (the one piece of state the AIO API has) are kept
-//! here, with the dialect. The wire facts come from the AIO specification
+//! the shell and bash sessions (the one piece of state the AIO API has)
+//! are kept here, with the dialect. The wire facts come from the AIO specification
 //! in `shared/reference/aio/`, the `agent-sandbox` client and DeerFlow's
 //! provider; the definitions are our own.
 
+mod bash;
 mod editor;
 mod files;
 /// The parsers the fuzz targets drive.
@@ -30,6 +31,7 @@ pub mod fuzzing {
 pub mod provisioner;
 pub mod sandbox;
 mod shell;
+mod table;
 
 use crate::Api;
 use axum::extract::Request;

@@ -7,8 +7,7 @@
 use super::shell::{Sessions, ShellError, Shot, Timeouts, WriteError, IMPLICIT};
 use super::{failed, ok};
 use crate::{Api, RequestId};
-use airlock_daemon::processes::ExecRequest;
-use airlock_daemon::{DaemonError, Output};
+use airlock_daemon::DaemonError;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
@@ -46,7 +45,16 @@ pub(super) fn router(api: Api, sessions: Sessions) -> Router {
         .route("/v1/shell/view", post(view_session))
         .route("/v1/shell/wait", post(wait_session))
         .route("/v1/shell/write", post(write_session))
-        .route("/v1/bash/exec", post(bash_exec))
+        .route("/v1/bash/exec", post(super::bash::exec))
+        .route("/v1/bash/output", post(super::bash::output))
+        .route("/v1/bash/write", post(super::bash::write))
+        .route("/v1/bash/kill", post(super::bash::kill))
+        .route("/v1/bash/sessions", get(super::bash::list))
+        .route("/v1/bash/sessions/create", post(super::bash::create))
+        .route(
+            "/v1/bash/sessions/{session}/close",
+            post(super::bash::close),
+        )
         .route("/v1/file/read", post(super::files::read))
         .route("/v1/file/write", post(super::files::write))
         .route("/v1/file/replace", post(super::files::replace))
@@ -190,7 +198,7 @@ fn yes() -> bool {
 }
 
 /// Seconds from the wire, within reason.
-fn seconds(value: Option<f64>) -> Option<Duration> {
+pub(super) fn seconds(value: Option<f64>) -> Option<Duration> {
     value
         .filter(|s| s.is_finite() && *s > 0.0)
         .map(|s| Duration::from_secs_f64(s.min(86_400.0)))
@@ -257,13 +265,7 @@ async fn shell_exec(
                 "exit_code": ran.exit_code,
             }))
         }
-        Err(ShellError::NoSession) => failed(StatusCode::NOT_FOUND, "Session not found"),
-        Err(ShellError::Daemon(e)) => {
-            if matches!(e, DaemonError::NotRunning(_) | DaemonError::NotFound(_)) {
-                aio.sessions.forget_sandbox(&id);
-            }
-            daemon_failed(e)
-        }
+        Err(e) => shell_failed(&aio, &id, e),
     }
 }
 
@@ -278,7 +280,7 @@ struct CreateSession {
     exec_dir: Option<String>,
 }
 
-fn is_session_id(text: &str) -> bool {
+pub(super) fn is_session_id(text: &str) -> bool {
     (1..=128).contains(&text.len())
         && text
             .bytes()
@@ -393,12 +395,24 @@ fn shown(session: &str, working_dir: &str, shot: Shot) -> serde_json::Value {
 fn shell_failed(aio: &Aio, id: &str, e: ShellError) -> Response {
     match e {
         ShellError::NoSession => failed(StatusCode::NOT_FOUND, "Session not found"),
-        ShellError::Daemon(e) => {
-            if matches!(e, DaemonError::NotRunning(_) | DaemonError::NotFound(_)) {
-                aio.sessions.forget_sandbox(id);
-            }
-            daemon_failed(e)
-        }
+        ShellError::Daemon(e) => daemon_failed_for(aio, id, e),
+    }
+}
+
+/// A daemon error of a call on sandbox `id` as an AIO answer; a sandbox
+/// that is gone takes its sessions with it.
+pub(super) fn daemon_failed_for(aio: &Aio, id: &str, e: DaemonError) -> Response {
+    if matches!(e, DaemonError::NotRunning(_) | DaemonError::NotFound(_)) {
+        forget_if_gone(aio, id);
+    }
+    daemon_failed(e)
+}
+
+/// Forgets the sessions of sandbox `id` if it is gone (neither running
+/// nor paused: a paused one keeps them for its resume).
+pub(super) fn forget_if_gone(aio: &Aio, id: &str) {
+    if aio.api.daemon.running(id).is_err() && !aio.api.daemon.is_paused(id) {
+        aio.sessions.forget_sandbox(id);
     }
 }
 
@@ -472,7 +486,7 @@ struct WriteSession {
 
 /// Most bytes one write sends (a FIFO's buffer: the command need not
 /// read before the write returns).
-const MAX_INPUT: usize = 64 << 10;
+pub(super) const MAX_INPUT: usize = 64 << 10;
 
 /// `POST /v1/shell/write`: input for the command running in the session
 /// (a newline after it with `press_enter`).
@@ -504,104 +518,6 @@ async fn write_session(
             failed(StatusCode::CONFLICT, e.to_string())
         }
     }
-}
-
-#[derive(Deserialize)]
-struct BashExec {
-    command: String,
-    #[serde(default)]
-    env: BTreeMap<String, Option<String>>,
-    exec_dir: Option<String>,
-    hard_timeout: Option<f64>,
-    max_output_length: Option<usize>,
-}
-
-/// How long a one-shot command may run when the call sets no limit.
-const BASH_DEFAULT_LIMIT: Duration = Duration::from_secs(600);
-
-/// `POST /v1/bash/exec`: one command in a fresh shell, stdout and stderr
-/// apart.
-async fn bash_exec(
-    State(aio): State<Aio>,
-    Extension(Target(id)): Extension<Target>,
-    Extension(request_id): Extension<RequestId>,
-    AioJson(request): AioJson<BashExec>,
-) -> Response {
-    let env: BTreeMap<String, String> = request
-        .env
-        .into_iter()
-        .filter_map(|(k, v)| v.map(|v| (k, v)))
-        .collect();
-    let limit = seconds(request.hard_timeout).unwrap_or(BASH_DEFAULT_LIMIT);
-    let started = aio
-        .api
-        .daemon
-        .exec(
-            &id,
-            ExecRequest {
-                cmd: "/bin/sh".into(),
-                args: vec![
-                    "-c".into(),
-                    "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc -c \"$0\"; else exec sh -c \"$0\"; fi".into(),
-                    request.command.clone(),
-                ],
-                env,
-                cwd: request.exec_dir,
-                user: None,
-                timeout_ms: Some(limit.as_millis() as u64),
-                stdin: false,
-                pty: None,
-                tag: None,
-            },
-            &request_id.0,
-        )
-        .await;
-    let (hub, mut attached) = match started {
-        Ok(started) => started,
-        Err(e) => return daemon_failed(e),
-    };
-    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-    let keep = request.max_output_length.unwrap_or(50_000);
-    let mut exit = None;
-    while let Some(item) = attached.next().await {
-        match item {
-            Output::Stdout(bytes) => stdout.extend_from_slice(&bytes),
-            Output::Stderr(bytes) => stderr.extend_from_slice(&bytes),
-            Output::Exited(info) => {
-                exit = Some(info);
-                break;
-            }
-            Output::Error { message, .. } => {
-                return failed(StatusCode::INTERNAL_SERVER_ERROR, message);
-            }
-        }
-        // Bounded here too: the client asked for at most `keep` characters.
-        for stream in [&mut stdout, &mut stderr] {
-            let cap = keep.max(1).saturating_mul(8).max(1 << 20);
-            if stream.len() > cap {
-                let cut = stream.len() - cap / 2;
-                stream.drain(cap / 2..cut);
-            }
-        }
-    }
-    let (status, code) = match &exit {
-        Some(info) if info.timed_out => ("timed_out", None),
-        Some(info) if info.signal.is_some() => ("killed", None),
-        Some(info) => ("completed", info.exit_code),
-        None => ("killed", None),
-    };
-    let text = |bytes: Vec<u8>| middle_cut(String::from_utf8_lossy(&bytes).into_owned(), keep);
-    ok(json!({
-        "session_id": format!("oneshot-{}", hub.pid),
-        "command_id": hub.pid.to_string(),
-        "command": request.command,
-        "status": status,
-        "stdout": text(stdout),
-        "stderr": text(stderr),
-        "exit_code": code,
-        "offset": 0,
-        "stderr_offset": 0,
-    }))
 }
 
 #[cfg(test)]

@@ -22,11 +22,12 @@
 //! its last finished command left (its exported variables are lost: the
 //! command ran in the shell itself, so only the shell's death stops it).
 
+use super::table::{Entry, Opened, Table, WhenFull};
 use crate::Api;
 use airlock_daemon::exec::{Attached, Output};
 use airlock_daemon::processes::ExecRequest;
 use airlock_daemon::DaemonError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,15 +42,13 @@ const SHELL: &str = "exec 2>&1; if command -v bash >/dev/null 2>&1; then exec ba
 /// The id of the session a command naming none runs in.
 pub const IMPLICIT: &str = "default";
 
-/// Sessions by sandbox id and session id.
-type Table = HashMap<(String, String), Arc<Session>>;
-
-/// Every sandbox's sessions (and the editor's undo history, forgotten
-/// with them).
+/// Every sandbox's sessions: its shells, its bash sessions
+/// ([`super::bash`]) and the editor's undo history, forgotten together.
 #[derive(Clone, Default)]
 pub struct Sessions {
-    inner: Arc<Mutex<Table>>,
+    table: Table<Session>,
     pub history: super::editor::History,
+    pub bash: super::bash::Sessions,
 }
 
 /// One shell.
@@ -166,40 +165,15 @@ pub enum WriteError {
 const WRITE_PATIENCE: Duration = Duration::from_secs(10);
 
 impl Sessions {
-    fn key(sandbox: &str, session: &str) -> (String, String) {
-        (sandbox.to_owned(), session.to_owned())
-    }
-
     /// The session `session` of `sandbox`, if it exists.
     pub fn get(&self, sandbox: &str, session: &str) -> Option<Arc<Session>> {
-        self.lock().get(&Self::key(sandbox, session)).cloned()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.table.get(sandbox, session)
     }
 
     /// The session `session` of `sandbox`, made if it is new (its shell
     /// starts with its first command, in `exec_dir`).
     pub fn open(&self, sandbox: &str, session: &str, exec_dir: Option<String>) -> Arc<Session> {
-        let mut all = self.lock();
-        if let Some(found) = all.get(&Self::key(sandbox, session)) {
-            return Arc::clone(found);
-        }
-        let mine: Vec<(String, String)> =
-            all.keys().filter(|(s, _)| s == sandbox).cloned().collect();
-        if mine.len() >= MAX_SESSIONS {
-            // The least recently used one that is not running a command.
-            let oldest = mine
-                .iter()
-                .filter_map(|k| all.get(k).map(|s| (k.clone(), Arc::clone(s))))
-                .filter(|(_, s)| s.io.try_lock().is_ok())
-                .min_by_key(|(_, s)| s.shown().last_used);
-            if let Some((key, _)) = oldest {
-                all.remove(&key);
-            }
-        }
-        let session = Arc::new(Session {
+        let make = || Session {
             id: session.to_owned(),
             created_at: std::time::SystemTime::now(),
             started: Instant::now(),
@@ -210,7 +184,7 @@ impl Sessions {
                 pending: None,
             }),
             shown: Mutex::new(Shown {
-                working_dir: exec_dir.unwrap_or_else(|| "/home/user".into()),
+                working_dir: exec_dir.clone().unwrap_or_else(|| "/home/user".into()),
                 last_used: std::time::SystemTime::now(),
                 current_command: None,
                 last_command: None,
@@ -219,34 +193,36 @@ impl Sessions {
                 status: Status::Completed,
                 exit_code: None,
             }),
-        });
-        all.insert(Self::key(sandbox, &session.id), Arc::clone(&session));
-        session
+        };
+        match self
+            .table
+            .open(sandbox, session, MAX_SESSIONS, WhenFull::Admit, make)
+        {
+            Opened::Found(session) | Opened::Made { entry: session, .. } => session,
+            // Admitted even when every session is busy.
+            Opened::Full => Arc::new(make()),
+        }
     }
 
     /// Forgets session `session` of `sandbox`; whether it existed.
     pub fn remove(&self, sandbox: &str, session: &str) -> Option<Arc<Session>> {
-        self.lock().remove(&Self::key(sandbox, session))
+        self.table.remove(sandbox, session)
     }
 
     /// The sessions of `sandbox`.
     pub fn of(&self, sandbox: &str) -> Vec<Arc<Session>> {
-        self.lock()
-            .iter()
-            .filter(|((s, _), _)| s == sandbox)
-            .map(|(_, session)| Arc::clone(session))
-            .collect()
+        self.table.of(sandbox)
     }
 
     /// Forgets every session of `sandbox` (it is gone).
     pub fn forget_sandbox(&self, sandbox: &str) {
-        self.lock().retain(|(s, _), _| s != sandbox);
-        self.history.prune(|s| s != sandbox);
+        self.prune(|s| s != sandbox);
     }
 
     /// Forgets the sessions of every sandbox `live` says is gone.
     pub fn prune(&self, live: impl Fn(&str) -> bool) {
-        self.lock().retain(|(s, _), _| live(s));
+        self.table.prune(&live);
+        self.bash.prune(&live);
         self.history.prune(live);
     }
 
@@ -268,6 +244,16 @@ impl Sessions {
                 sessions.prune(|id| daemon.running(id).is_ok() || daemon.is_paused(id));
             }
         });
+    }
+}
+
+impl Entry for Session {
+    fn idle(&self) -> bool {
+        self.io.try_lock().is_ok()
+    }
+
+    fn last_used(&self) -> std::time::SystemTime {
+        self.shown().last_used
     }
 }
 
