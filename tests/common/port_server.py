@@ -5,8 +5,9 @@ bench/ports.py). Python's standard library only.
     python3 port_server.py PORT
 
 - `GET /bytes/N`: N bytes (`x`), for throughput;
-- any other `GET`: JSON of the path it was asked for and the headers it
-  got (so a test sees what went in);
+- any other `GET`: JSON of the path it was asked for, the headers it got
+  (so a test sees what went in) and the client's port (`peer`: the same
+  for requests over one kept-alive connection);
 - `POST`: the body back;
 - a WebSocket handshake on any path: a WebSocket echo, each text or binary
   message answered with `echo: ` and the message.
@@ -39,7 +40,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.websocket()
         if self.path.startswith("/bytes/"):
             return self.reply(200, b"x" * int(self.path[7:]), "application/octet-stream")
-        seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}
+        seen = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                "peer": self.client_address[1]}
         self.reply(200, json.dumps(seen).encode(), "application/json")
 
     def do_POST(self):

@@ -201,6 +201,12 @@ async fn run(
             match reader.read(&mut chunk).await {
                 Ok(0) => return outbox.send(id, Event::StreamEnd).await,
                 Ok(n) => {
+                    // Acknowledge at once, every time (the kernel leaves
+                    // quick-ack mode on its own): a server that writes an
+                    // answer's head and body apart under Nagle (Python's
+                    // http.server) would otherwise wait out our delayed ACK,
+                    // 40 ms, on every request of a kept-alive connection.
+                    let _ = reader.as_ref().set_quickack(true);
                     if !outbox
                         .send_payload(id, Event::StreamData, chunk[..n].to_vec())
                         .await

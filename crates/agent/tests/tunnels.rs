@@ -56,7 +56,9 @@ async fn closed_port() -> u16 {
 async fn bytes_go_both_ways_and_end_with_a_half_close() {
     let (client, _home) = client().await;
     let port = echo_server().await;
-    let mut stream = tunnel::open(&client, port).await.unwrap();
+    let mut stream = tunnel::open(&client, &tunnel::Registry::default(), port)
+        .await
+        .unwrap();
     let sent: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     let (mut r, mut w) = tokio::io::split(&mut stream);
     let writer = async {
@@ -76,7 +78,7 @@ async fn bytes_go_both_ways_and_end_with_a_half_close() {
 async fn a_port_nothing_listens_on_is_refused() {
     let (client, _home) = client().await;
     let port = closed_port().await;
-    match tunnel::open(&client, port).await {
+    match tunnel::open(&client, &tunnel::Registry::default(), port).await {
         Err(TunnelError::Refused(p)) => assert_eq!(p, port),
         other => panic!("expected refused, got {:?}", other.map(|_| ())),
     }
@@ -108,7 +110,9 @@ async fn many_connections_at_once_stay_apart() {
         .map(|i| {
             let client = client.clone();
             tokio::spawn(async move {
-                let mut stream = tunnel::open(&client, port).await.unwrap();
+                let mut stream = tunnel::open(&client, &tunnel::Registry::default(), port)
+                    .await
+                    .unwrap();
                 let line = format!("connection {i}\n").repeat(200);
                 stream.write_all(line.as_bytes()).await.unwrap();
                 stream.shutdown().await.unwrap();
@@ -135,7 +139,9 @@ async fn a_server_that_closes_first_ends_the_stream() {
         let (mut socket, _) = listener.accept().await.unwrap();
         socket.write_all(b"hello and goodbye").await.unwrap();
     });
-    let mut stream = tunnel::open(&client, port).await.unwrap();
+    let mut stream = tunnel::open(&client, &tunnel::Registry::default(), port)
+        .await
+        .unwrap();
     let mut got = String::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut got))
         .await
@@ -149,7 +155,9 @@ async fn dropping_the_stream_closes_the_connection_inside() {
     let (client, _home) = client().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let stream = tunnel::open(&client, port).await.unwrap();
+    let stream = tunnel::open(&client, &tunnel::Registry::default(), port)
+        .await
+        .unwrap();
     let (mut inside, _) = listener.accept().await.unwrap();
     drop(stream);
     // The server sees end of file, as from a client that went away.
@@ -162,7 +170,9 @@ async fn dropping_the_stream_closes_the_connection_inside() {
     drop(inside);
     // The agent forgot it: the stream still serves new connections.
     let port = echo_server().await;
-    let mut again = tunnel::open(&client, port).await.unwrap();
+    let mut again = tunnel::open(&client, &tunnel::Registry::default(), port)
+        .await
+        .unwrap();
     again.write_all(b"still here").await.unwrap();
     let mut buf = [0u8; 10];
     again.read_exact(&mut buf).await.unwrap();
@@ -189,4 +199,39 @@ async fn a_cancelled_connection_ends_at_once() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn closing_the_registry_closes_every_connection_at_the_agent_first() {
+    let (client, _home) = client().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let registry = tunnel::Registry::default();
+    let mut streams = Vec::new();
+    let mut inside = Vec::new();
+    for _ in 0..3 {
+        streams.push(tunnel::open(&client, &registry, port).await.unwrap());
+        inside.push(listener.accept().await.unwrap().0);
+    }
+    assert_eq!(registry.len(), 3);
+    // The callers still hold their streams: the registry closes them anyway.
+    tokio::time::timeout(Duration::from_secs(10), registry.close_all())
+        .await
+        .unwrap();
+    assert!(registry.is_empty(), "{} still open", registry.len());
+    for mut socket in inside {
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(rest.is_empty());
+    }
+    // A caller's stream reads end of file.
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), streams[0].read_to_end(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_empty());
 }

@@ -315,6 +315,48 @@ fn a_sandbox_reaches_only_its_own_ports() {
     daemon.delete_all();
 }
 
+/// Requests one after another go over one kept-alive connection inside
+/// (the server sees the same client port), and a sandbox paused and
+/// resumed in between still answers: a pooled connection its pause broke
+/// is replaced, never answered with an error.
+#[test]
+fn requests_share_a_kept_alive_connection_across_a_pause() {
+    let _serial = serial();
+    let daemon = start();
+    let (id, token) = create(&daemon, json!({}));
+    serve(&daemon, &id, &token, 8080);
+    let peer = || -> u64 {
+        let answer = daemon.call_as(
+            None,
+            "GET",
+            &format!("/v1/sandboxes/{id}/ports/8080/peer"),
+            None,
+            None,
+            &[("X-Access-Token", &token)],
+        );
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        answer.json()["peer"].as_u64().unwrap()
+    };
+    let first = peer();
+    assert_eq!(
+        peer(),
+        first,
+        "a second request opened a new connection inside"
+    );
+    let paused = daemon.call("POST", &format!("/v1/sandboxes/{id}/pause"), None);
+    assert!(
+        paused.status < 300,
+        "{}\n{}",
+        paused.text(),
+        daemon.log.lock().unwrap()
+    );
+    let resumed = daemon.call("POST", &format!("/v1/sandboxes/{id}/resume"), None);
+    assert!(resumed.status < 300, "{}", resumed.text());
+    let after = peer();
+    assert_eq!(peer(), after, "{after}");
+    daemon.delete_all();
+}
+
 #[test]
 fn public_ports_answer_without_credentials() {
     let _serial = serial();

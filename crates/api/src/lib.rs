@@ -84,6 +84,15 @@ pub(crate) async fn read_small_body(
 #[derive(Clone)]
 pub struct Api {
     pub daemon: Daemon,
+    /// Kept-alive connections to sandboxes' ports.
+    ports: ports::PortPool,
+}
+
+impl Api {
+    pub fn new(daemon: Daemon) -> Api {
+        let ports = ports::PortPool::new(daemon.clone());
+        Api { daemon, ports }
+    }
 }
 
 /// Whether `id` has the shape of a sandbox id (`sbx-` and hex digits):
@@ -255,7 +264,7 @@ pub struct Dialects {
 
 /// Every route of the daemon.
 pub fn router_with(daemon: Daemon, dialects: Dialects) -> Router {
-    let api = Api { daemon };
+    let api = Api::new(daemon);
     // The dialects, asked in this order: e2b's first (its envd `/health`
     // carries its headers; DeerFlow's provisioner `/health` does not; a
     // host naming envd's port is e2b's, any other sandbox port is the

@@ -27,8 +27,11 @@
 //! not another sandbox's, whatever its network policy (a sandbox with
 //! network `none` serves its ports too).
 //!
-//! Each request gets a connection of its own, closed when its answer
-//! ends; an upgrade (WebSocket) keeps it for as long as both sides do.
+//! **Connections.** Plain requests go over kept-alive connections to the
+//! port, pooled per sandbox and port ([`PortPool`]; a connection is used
+//! by one request at a time and idles at most [`IDLE`]): a request after
+//! the first costs no new connection inside. An upgrade (WebSocket) gets
+//! a connection of its own, kept for as long as both sides keep it.
 
 use crate::dialect::{Audited, Dialect};
 use crate::error::ApiError;
@@ -38,7 +41,111 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
-use hyper_util::rt::TokioIo;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::DuplexStream;
+
+/// How long a pooled connection to a sandbox's port may idle.
+pub const IDLE: Duration = Duration::from_secs(30);
+/// Idle connections kept per sandbox port.
+const IDLE_PER_PORT: usize = 16;
+
+/// Kept-alive connections to sandboxes' ports, keyed by sandbox and port
+/// (the pool's URIs are `http://SANDBOXID:PORT`; only the key, never sent).
+#[derive(Clone)]
+pub struct PortPool {
+    client: Client<Tunnels, Body>,
+}
+
+impl PortPool {
+    pub fn new(daemon: airlock_daemon::Daemon) -> PortPool {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(IDLE)
+            .pool_max_idle_per_host(IDLE_PER_PORT)
+            // The request keeps the Host it came with (or its mask).
+            .set_host(false)
+            .build(Tunnels { daemon });
+        PortPool { client }
+    }
+}
+
+/// Opens connections for the pool: through the sandbox's agent.
+#[derive(Clone)]
+struct Tunnels {
+    daemon: airlock_daemon::Daemon,
+}
+
+/// Why the pool could not connect: the daemon's answer, taken once by
+/// [`forward`] to answer the client.
+#[derive(Debug, thiserror::Error)]
+#[error("the connection to the sandbox's port could not be opened")]
+struct ConnectFailed(Mutex<Option<airlock_daemon::DaemonError>>);
+
+impl tower::Service<Uri> for Tunnels {
+    type Response = Tunnel;
+    type Error = ConnectFailed;
+    type Future = BoxFuture<'static, Result<Tunnel, ConnectFailed>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectFailed>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let daemon = self.daemon.clone();
+        Box::pin(async move {
+            let failed = |e| ConnectFailed(Mutex::new(Some(e)));
+            let (Some(id), Some(port)) = (uri.host(), uri.port_u16()) else {
+                return Err(failed(airlock_daemon::DaemonError::BadInput(
+                    "no sandbox port named".into(),
+                )));
+            };
+            let stream = daemon.open_port(id, port).await.map_err(failed)?;
+            Ok(Tunnel(TokioIo::new(stream)))
+        })
+    }
+}
+
+/// One connection to a sandbox's port, as the pool holds it.
+struct Tunnel(TokioIo<DuplexStream>);
+
+impl Connection for Tunnel {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+impl hyper::rt::Read for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
 
 /// The header e2b's SDK users send a sandbox's traffic token in.
 pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
@@ -399,22 +506,7 @@ pub async fn forward(api: Api, target: Target, mut request: Request) -> Response
             return response;
         }
     }
-    let stream = match api.daemon.open_port(&id, port).await {
-        Ok(stream) => stream,
-        Err(airlock_daemon::DaemonError::PortClosed(_)) => {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "port_closed",
-                format!(
-                    "The sandbox {id} is running but there's no service running on port {port}."
-                ),
-            )
-            .into_response()
-        }
-        Err(e) => return ApiError::from(e).into_response(),
-    };
     let upgrade = is_upgrade(request.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     inward_headers(request.headers_mut(), upgrade);
     if let Some(mask) = mask {
         let host = mask.replace("${PORT}", &port.to_string());
@@ -422,6 +514,83 @@ pub async fn forward(api: Api, target: Target, mut request: Request) -> Response
             request.headers_mut().insert(header::HOST, host);
         }
     }
+    if upgrade {
+        return forward_upgrade(api, id, port, prefix, request).await;
+    }
+    // A paused sandbox wakes before a pooled connection is used, as it
+    // would for a new one.
+    if let Err(e) = api.daemon.reach_ports(&id).await {
+        return port_error(&id, port, e);
+    }
+    let pool_key = match Uri::builder()
+        .scheme("http")
+        .authority(format!("{id}:{port}"))
+        .path_and_query(inward_uri(request.uri(), prefix.as_deref()).to_string())
+        .build()
+    {
+        Ok(uri) => uri,
+        Err(e) => {
+            return ApiError::bad_request(format!("the request's path cannot go in: {e}"))
+                .into_response()
+        }
+    };
+    *request.uri_mut() = pool_key;
+    match api.ports.client.request(request).await {
+        Ok(mut response) => {
+            for name in HOP_BY_HOP {
+                response.headers_mut().remove(*name);
+            }
+            response.map(Body::new)
+        }
+        Err(e) => {
+            let daemon_error = std::error::Error::source(&e)
+                .and_then(|source| source.downcast_ref::<ConnectFailed>())
+                .and_then(|failed| {
+                    failed
+                        .0
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take()
+                });
+            match daemon_error {
+                Some(daemon_error) => port_error(&id, port, daemon_error),
+                None => bad_gateway(
+                    &id,
+                    port,
+                    format!("the service closed the connection without an answer ({e})"),
+                ),
+            }
+        }
+    }
+}
+
+/// The answer when the daemon could not open a connection to the port.
+fn port_error(id: &str, port: u16, e: airlock_daemon::DaemonError) -> Response {
+    match e {
+        airlock_daemon::DaemonError::PortClosed(_) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "port_closed",
+            format!("The sandbox {id} is running but there's no service running on port {port}."),
+        )
+        .into_response(),
+        e => ApiError::from(e).into_response(),
+    }
+}
+
+/// A request that switches protocols (a WebSocket handshake): on a
+/// connection of its own, which becomes the upgraded stream.
+async fn forward_upgrade(
+    api: Api,
+    id: String,
+    port: u16,
+    prefix: Option<String>,
+    mut request: Request,
+) -> Response {
+    let stream = match api.daemon.open_port(&id, port).await {
+        Ok(stream) => stream,
+        Err(e) => return port_error(&id, port, e),
+    };
+    let client_upgrade = hyper::upgrade::on(&mut request);
     *request.uri_mut() = inward_uri(request.uri(), prefix.as_deref());
     let (mut sender, connection) =
         match hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream)).await {
@@ -442,16 +611,14 @@ pub async fn forward(api: Api, target: Target, mut request: Request) -> Response
         }
     };
     if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-        if let Some(client_upgrade) = client_upgrade {
-            let server_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(async move {
-                if let (Ok(client), Ok(server)) = tokio::join!(client_upgrade, server_upgrade) {
-                    let mut client = TokioIo::new(client);
-                    let mut server = TokioIo::new(server);
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                }
-            });
-        }
+        let server_upgrade = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            if let (Ok(client), Ok(server)) = tokio::join!(client_upgrade, server_upgrade) {
+                let mut client = TokioIo::new(client);
+                let mut server = TokioIo::new(server);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            }
+        });
     } else {
         for name in HOP_BY_HOP {
             response.headers_mut().remove(*name);

@@ -398,7 +398,7 @@ pub async fn import_template(
         let imported =
             daemon.import_template(&name, &archive_path, params.image.as_deref(), &mut progress);
         drop(staging);
-        let _ = events.blocking_send(outcome(Api { daemon }, imported, tier));
+        let _ = events.blocking_send(outcome(Api::new(daemon), imported, tier));
     });
     Ok(ndjson(receiver))
 }
@@ -657,7 +657,7 @@ pub async fn build_template(
     tokio::spawn(async move {
         let built = daemon.build_template(&owner, request, events).await;
         drop(context);
-        let line = match outcome(Api { daemon }, built, tier) {
+        let line = match outcome(Api::new(daemon), built, tier) {
             TemplateEvent::Done { template } => BuildLine::Done { template },
             TemplateEvent::Error { code, message } => BuildLine::Error { code, message },
             _ => return,
@@ -801,7 +801,7 @@ pub async fn bootstrap_template(
             let _ = progress_events.try_send(event);
         };
         let built = daemon.bootstrap_template(&name, request.packages, &mut progress);
-        let _ = events.blocking_send(outcome(Api { daemon }, built, tier));
+        let _ = events.blocking_send(outcome(Api::new(daemon), built, tier));
     });
     Ok(ndjson(receiver))
 }
@@ -873,7 +873,7 @@ pub async fn pull_template(
     // recorded (or, on failure, removed) either way.
     tokio::spawn(async move {
         let pulled = daemon.pull_template(&name, &request.image, progress).await;
-        let _ = events.send(outcome(Api { daemon }, pulled, tier)).await;
+        let _ = events.send(outcome(Api::new(daemon), pulled, tier)).await;
     });
     Ok(ndjson(receiver))
 }

@@ -361,6 +361,8 @@ pub struct LiveSandbox {
     egress: Mutex<Option<airlock_egress::Attachment>>,
     /// Held through a teardown, so stops and deaths run one at a time.
     teardown: tokio::sync::Mutex<()>,
+    /// Connections to its ports from outside; a pause closes them.
+    tunnels: airlock_protocol::tunnel::Registry,
 }
 
 impl LiveSandbox {
@@ -385,6 +387,7 @@ impl LiveSandbox {
             interpreters: interpreter::CodeContexts::default(),
             egress: Mutex::new(None),
             teardown: tokio::sync::Mutex::new(()),
+            tunnels: airlock_protocol::tunnel::Registry::default(),
         });
         (sandbox, instance.ended)
     }

@@ -16,11 +16,9 @@ impl Daemon {
         if port == 0 {
             return Err(DaemonError::BadInput("port 0 is not a port".into()));
         }
-        if self.is_paused(id) {
-            self.wake(id).await;
-        }
+        self.reach_ports(id).await?;
         let sandbox = self.running(id)?;
-        tunnel::open(sandbox.agent(), port)
+        tunnel::open(sandbox.agent(), &sandbox.tunnels, port)
             .await
             .map_err(|e| match e {
                 TunnelError::Refused(port) => DaemonError::PortClosed(format!(
@@ -33,6 +31,18 @@ impl Daemon {
                 TunnelError::Agent { kind, message } => DaemonError::from_agent(kind, message),
                 TunnelError::Client(_) => DaemonError::NotRunning(id.to_owned()),
             })
+    }
+}
+
+impl Daemon {
+    /// Makes sure the sandbox `id` runs before traffic goes to its ports
+    /// (a connection kept from earlier included): wakes it when it is
+    /// paused and its lifecycle lets traffic wake it.
+    pub async fn reach_ports(&self, id: &str) -> Result<(), DaemonError> {
+        if self.is_paused(id) {
+            self.wake(id).await;
+        }
+        self.running(id).map(|_| ())
     }
 }
 

@@ -1114,6 +1114,10 @@ impl Daemon {
         if sandbox.state() != State::Running {
             return Err(DaemonError::NotRunning(id.to_owned()));
         }
+        // No connection from outside stays open across a pause: a
+        // checkpoint cannot save one the agent holds, and its client would
+        // wait on a frozen sandbox.
+        sandbox.tunnels.close_all().await;
         backend
             .pause(id, &sandbox.resources, mode)
             .await

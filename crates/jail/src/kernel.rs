@@ -198,7 +198,7 @@ impl RootDir {
         }
     }
 
-        /// Remounts the mount at `path` read-only (plus `extra`), keeping the
+    /// Remounts the mount at `path` read-only (plus `extra`), keeping the
     /// flags the kernel locks for mounts that came from the host.
     fn remount(&self, path: &str, read_only: bool, extra: Flags) -> Result<(), Errno> {
         let target = self.resolve(path, OFlags::PATH)?;

@@ -11,14 +11,121 @@
 //! outlives its last user. Each direction is bounded: a reader that does
 //! not read holds up the agent stream, as every event does (see
 //! [`crate::client`]).
+//!
+//! Each connection is entered in a [`Registry`] (one per sandbox), whose
+//! [`Registry::close_all`] closes every one at the agent and waits until
+//! the agent has: what a sandbox's pause does first, so no connection is
+//! open inside while its memory is saved (gVisor's checkpoint fails on
+//! one), and none is left half-open across it.
 
 use crate::{AgentClient, ClientError, ErrorKind, Event, Request};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::{oneshot, Notify};
 
 /// Bytes buffered in each direction of the pipe the caller holds.
 const PIPE_BYTES: usize = 1024 * 1024;
 /// Bytes carried in one `write_data` frame.
 const CHUNK_BYTES: usize = 256 * 1024;
+/// How long [`Registry::close_all`] waits for the agent to close them.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// The open connections of one sandbox.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    inner: Arc<RegistryInner>,
+}
+
+#[derive(Debug, Default)]
+struct RegistryInner {
+    open: Mutex<Open>,
+    closed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    next: u64,
+    /// Tasks of connections still running.
+    running: usize,
+    /// Tells each connection's task to close it.
+    close: HashMap<u64, oneshot::Sender<()>>,
+}
+
+/// A connection's place in the registry; leaving it (the task ending)
+/// takes it out.
+struct Entry {
+    registry: Registry,
+    key: u64,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        {
+            let mut open = self.registry.open();
+            open.close.remove(&self.key);
+            open.running -= 1;
+        }
+        self.registry.inner.closed.notify_waiters();
+    }
+}
+
+impl Registry {
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.inner
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn enter(&self) -> (Entry, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let mut open = self.open();
+        open.next += 1;
+        open.running += 1;
+        let key = open.next;
+        open.close.insert(key, tx);
+        (
+            Entry {
+                registry: self.clone(),
+                key,
+            },
+            rx,
+        )
+    }
+
+    /// How many connections are open.
+    pub fn len(&self) -> usize {
+        self.open().running
+    }
+
+    /// Whether none is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes every open connection at the agent and waits (at most
+    /// [`CLOSE_WAIT`]) until the agent has closed them all.
+    pub async fn close_all(&self) {
+        let senders: Vec<_> = self.open().close.drain().map(|(_, tx)| tx).collect();
+        for tx in senders {
+            let _ = tx.send(());
+        }
+        let settled = async {
+            loop {
+                let notified = self.inner.closed.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.is_empty() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(CLOSE_WAIT, settled).await;
+    }
+}
 
 /// A connection could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +149,12 @@ pub const CONNECT_VERSION: u32 = 5;
 
 /// Opens a connection to `port` on the sandbox's loopback and returns the
 /// caller's end of it.
-pub async fn open(client: &AgentClient, port: u16) -> Result<DuplexStream, TunnelError> {
+/// The connection is entered in `registry`.
+pub async fn open(
+    client: &AgentClient,
+    registry: &Registry,
+    port: u16,
+) -> Result<DuplexStream, TunnelError> {
     if client.version() < CONNECT_VERSION {
         return Err(TunnelError::TooOld(client.version()));
     }
@@ -68,7 +180,9 @@ pub async fn open(client: &AgentClient, port: u16) -> Result<DuplexStream, Tunne
     let (caller, ours) = tokio::io::duplex(PIPE_BYTES);
     let (mut from_caller, mut to_caller) = tokio::io::split(ours);
     let client = client.clone();
+    let (entry, mut close) = registry.enter();
     tokio::spawn(async move {
+        let _entry = entry;
         // The caller's bytes to the agent, until its end of file.
         let up = async {
             let mut buf = vec![0; CHUNK_BYTES];
@@ -115,6 +229,13 @@ pub async fn open(client: &AgentClient, port: u16) -> Result<DuplexStream, Tunne
                     if !ended {
                         let _ = client.request(Request::Cancel { target: id }).await;
                     }
+                    return;
+                }
+                // Closed by the registry: the agent closes the socket and
+                // ends the stream, which `down` waits for.
+                Ok(()) = &mut close => {
+                    let _ = client.request(Request::Cancel { target: id }).await;
+                    let _ = tokio::time::timeout(CLOSE_WAIT, &mut down).await;
                     return;
                 }
             }
