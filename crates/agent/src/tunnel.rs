@@ -196,21 +196,19 @@ async fn run(
     };
     // The socket's bytes to the host; true at an orderly end of file.
     let down = async {
-        let mut chunk = vec![0; CHUNK_BYTES];
         loop {
-            match reader.read(&mut chunk).await {
+            // Read straight into the frame's payload: no copy, no zeroing.
+            let mut chunk = Vec::with_capacity(CHUNK_BYTES);
+            match reader.read_buf(&mut chunk).await {
                 Ok(0) => return outbox.send(id, Event::StreamEnd).await,
-                Ok(n) => {
+                Ok(_) => {
                     // Acknowledge at once, every time (the kernel leaves
                     // quick-ack mode on its own): a server that writes an
                     // answer's head and body apart under Nagle (Python's
                     // http.server) would otherwise wait out our delayed ACK,
                     // 40 ms, on every request of a kept-alive connection.
                     let _ = reader.as_ref().set_quickack(true);
-                    if !outbox
-                        .send_payload(id, Event::StreamData, chunk[..n].to_vec())
-                        .await
-                    {
+                    if !outbox.send_payload(id, Event::StreamData, chunk).await {
                         return false;
                     }
                 }

@@ -36,6 +36,7 @@
 use crate::dialect::{Audited, Dialect};
 use crate::error::ApiError;
 use crate::{is_sandbox_id, Api};
+use airlock_protocol::tunnel::TunnelStream;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
@@ -48,7 +49,6 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::DuplexStream;
 
 /// How long a pooled connection to a sandbox's port may idle.
 pub const IDLE: Duration = Duration::from_secs(30);
@@ -111,7 +111,7 @@ impl tower::Service<Uri> for Tunnels {
 }
 
 /// One connection to a sandbox's port, as the pool holds it.
-struct Tunnel(TokioIo<DuplexStream>);
+struct Tunnel(TokioIo<TunnelStream>);
 
 impl Connection for Tunnel {
     fn connected(&self) -> Connected {

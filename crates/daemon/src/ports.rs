@@ -6,13 +6,16 @@
 
 use crate::{Daemon, DaemonError};
 use airlock_protocol::tunnel::{self, TunnelError};
-use tokio::io::DuplexStream;
 
 impl Daemon {
     /// A connection to `port` on the loopback of the running sandbox `id`,
     /// waking it first when it is paused and its lifecycle lets traffic
     /// wake it.
-    pub async fn open_port(&self, id: &str, port: u16) -> Result<DuplexStream, DaemonError> {
+    pub async fn open_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> Result<tunnel::TunnelStream, DaemonError> {
         if port == 0 {
             return Err(DaemonError::BadInput("port 0 is not a port".into()));
         }

@@ -38,8 +38,9 @@ struct HeaderIn<M> {
     msg: M,
 }
 
-/// Encodes a frame into bytes (used by [`write_frame`] and by tests).
-pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
+/// A frame's lengths and header, checked against the limits; the
+/// payload follows them.
+fn encode_head<M: Serialize>(frame: &Frame<M>, extra: usize) -> Result<Vec<u8>, FrameError> {
     let header = serde_json::to_vec(&HeaderOut {
         id: frame.id,
         msg: &frame.msg,
@@ -51,13 +52,23 @@ pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
     if frame.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(FrameError::PayloadTooLarge(frame.payload.len()));
     }
-    let mut out = Vec::with_capacity(8 + header.len() + frame.payload.len());
+    let mut out = Vec::with_capacity(8 + header.len() + extra);
     out.extend_from_slice(&(header.len() as u32).to_be_bytes());
     out.extend_from_slice(&(frame.payload.len() as u32).to_be_bytes());
     out.extend_from_slice(&header);
+    Ok(out)
+}
+
+/// Encodes a frame into bytes (used by [`write_frame`] and by tests).
+pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
+    let mut out = encode_head(frame, frame.payload.len())?;
     out.extend_from_slice(&frame.payload);
     Ok(out)
 }
+
+/// Payloads from this size on are written after the head rather than
+/// copied behind it: a second write costs less than the copy.
+const SEPARATE_PAYLOAD_BYTES: usize = 16 * 1024;
 
 /// Writes one frame and flushes it.
 pub async fn write_frame<W, M>(writer: &mut W, frame: &Frame<M>) -> Result<(), FrameError>
@@ -65,8 +76,13 @@ where
     W: AsyncWrite + Unpin,
     M: Serialize,
 {
-    let bytes = encode(frame)?;
-    writer.write_all(&bytes).await?;
+    if frame.payload.len() >= SEPARATE_PAYLOAD_BYTES {
+        let head = encode_head(frame, 0)?;
+        writer.write_all(&head).await?;
+        writer.write_all(&frame.payload).await?;
+    } else {
+        writer.write_all(&encode(frame)?).await?;
+    }
     writer.flush().await?;
     Ok(())
 }

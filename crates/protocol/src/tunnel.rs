@@ -2,10 +2,10 @@
 //! on a sandbox's loopback, carried over the agent stream, handed to the
 //! caller as a plain byte stream.
 //!
-//! [`open`] asks the agent to connect and, once it has, returns one end of
-//! an in-memory pipe; two tasks carry the other end's bytes to the agent
-//! (`write_data`, `write_end` at its end of file) and the agent's
-//! `stream_data` back. Dropping the stream ends the host's direction (the
+//! [`open`] asks the agent to connect and, once it has, returns a
+//! [`TunnelStream`]; a task carries what the caller writes to the agent
+//! (`write_data`, `write_end` at its end of file) and hands the agent's
+//! `stream_data` payloads to the caller's reads as they came. Dropping the stream ends the host's direction (the
 //! sandbox's end reads end of file, as from a closed socket); a stream
 //! the caller no longer reads is cancelled at the agent, so nothing of it
 //! outlives its last user. Each direction is bounded: a reader that does
@@ -20,12 +20,14 @@
 
 use crate::{AgentClient, ClientError, ErrorKind, Event, Request};
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio::sync::{oneshot, Notify};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, DuplexStream, ReadBuf};
+use tokio::sync::{mpsc, oneshot, Notify};
 
-/// Bytes buffered in each direction of the pipe the caller holds.
+/// Bytes buffered in each direction for the caller.
 const PIPE_BYTES: usize = 1024 * 1024;
 /// Bytes carried in one `write_data` frame.
 const CHUNK_BYTES: usize = 256 * 1024;
@@ -127,6 +129,64 @@ impl Registry {
     }
 }
 
+/// The caller's end of a connection: what the agent read from the socket,
+/// in the chunks it came in (no copy but into the reader's buffer), and a
+/// bounded pipe for what the caller writes. Dropping it closes the
+/// connection; shutting down its writing is the socket's end of file.
+#[derive(Debug)]
+pub struct TunnelStream {
+    down: mpsc::Receiver<Vec<u8>>,
+    /// The chunk being read, and how much of it has been.
+    chunk: Vec<u8>,
+    read: usize,
+    up: DuplexStream,
+}
+
+impl AsyncRead for TunnelStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            if self.read < self.chunk.len() {
+                let n = (self.chunk.len() - self.read).min(buf.remaining());
+                let start = self.read;
+                buf.put_slice(&self.chunk[start..start + n]);
+                self.read += n;
+                return Poll::Ready(Ok(()));
+            }
+            match self.down.poll_recv(cx) {
+                Poll::Ready(Some(chunk)) => {
+                    self.chunk = chunk;
+                    self.read = 0;
+                }
+                // End of file.
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TunnelStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.up).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.up).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.up).poll_shutdown(cx)
+    }
+}
+
 /// A connection could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -154,7 +214,7 @@ pub async fn open(
     client: &AgentClient,
     registry: &Registry,
     port: u16,
-) -> Result<DuplexStream, TunnelError> {
+) -> Result<TunnelStream, TunnelError> {
     if client.version() < CONNECT_VERSION {
         return Err(TunnelError::TooOld(client.version()));
     }
@@ -177,8 +237,15 @@ pub async fn open(
         None => return Err(TunnelError::Client(ClientError::Closed)),
     }
     let id = events.id();
-    let (caller, ours) = tokio::io::duplex(PIPE_BYTES);
-    let (mut from_caller, mut to_caller) = tokio::io::split(ours);
+    let (caller_up, mut from_caller) = tokio::io::duplex(PIPE_BYTES);
+    let (to_caller, caller_down) = mpsc::channel(PIPE_BYTES / CHUNK_BYTES);
+    let mut to_caller = Some(to_caller);
+    let caller = TunnelStream {
+        down: caller_down,
+        chunk: Vec::new(),
+        read: 0,
+        up: caller_up,
+    };
     let client = client.clone();
     let (entry, mut close) = registry.enter();
     tokio::spawn(async move {
@@ -206,13 +273,18 @@ pub async fn open(
             loop {
                 match events.next().await {
                     Ok(Some(frame)) => match frame.msg {
-                        // The caller is gone: close the connection.
-                        Event::StreamData if to_caller.write_all(&frame.payload).await.is_err() => {
-                            return false
+                        Event::StreamData => {
+                            let sent = match &to_caller {
+                                Some(tx) => tx.send(frame.payload).await.is_ok(),
+                                None => true,
+                            };
+                            // The caller is gone: close the connection.
+                            if !sent {
+                                return false;
+                            }
                         }
-                        Event::StreamEnd => {
-                            let _ = to_caller.shutdown().await;
-                        }
+                        // The caller reads end of file.
+                        Event::StreamEnd => to_caller = None,
                         _ => {}
                     },
                     Ok(None) | Err(_) => return true,
