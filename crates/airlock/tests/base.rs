@@ -29,10 +29,12 @@ fn the_base_template_has_what_agents_expect() {
          python3 -m venv /tmp/venv && /tmp/venv/bin/pip --version >/dev/null && echo venv-pip; \
          node -e 'console.log(1+1)'; npm --version >/dev/null && echo npm; \
          git --version >/dev/null && echo git; curl --version >/dev/null && echo curl; \
-         ps -o comm= -p $$ >/dev/null && echo ps; stat -c %U /usr/bin/sudo /home/user; \
+         ps -o comm= -p $$ >/dev/null && echo ps; stat -c %U /usr/bin/apt-get /home/user; \
          bash -lc 'echo login-$HOME'; cat /etc/resolv.conf",
     );
     assert_eq!(code, 0, "{out}");
+    // (Not /usr/bin/sudo: the agent's shim is bound over it from the host,
+    // so its owner is the host's root, unmapped here.)
     assert_eq!(
         out,
         "user\n/home/user\n3\nvenv-pip\n2\nnpm\ngit\ncurl\nps\nroot\nuser\nlogin-/home/user\n\
