@@ -150,3 +150,32 @@ def test_start_and_ready_commands_run_at_each_create():
 def test_bad_input_is_refused():
     with pytest.raises(BuildException):
         Template.build(Template().from_template("no-such-template-here"), name("e2b-bad"))
+
+
+@pytest.mark.deadline(300)
+def test_user_has_sudo_on_base_in_commands_and_in_a_terminal():
+    """As the SDK's own examples use it: `sudo` for `user`, passwordless,
+    in a command and on a terminal (where Ctrl-C reaches the command)."""
+    from e2b import PtySize
+    from test_pty import Terminal
+
+    sbx = Sandbox.create("base", timeout=TIMEOUT)
+    try:
+        result = sbx.commands.run(
+            "whoami; sudo whoami; sudo -u user whoami; "
+            "echo hi | sudo tee /root/hi >/dev/null; sudo cat /root/hi"
+        )
+        assert result.stdout == "user\nroot\nuser\nhi\n", result
+        term = Terminal(sbx, PtySize(rows=24, cols=80), timeout=120)
+        term.type("sudo id -u; sudo stty size\n")
+        term.wait_for("0\r\n24 80\r\n")
+        term.type("sudo sleep 60\n")
+        time.sleep(1)
+        term.type("\x03")
+        term.type("echo after-$?\n")
+        term.wait_for("after-130")
+        term.type("exit\n")
+        term.join()
+        assert term.error is None, repr(term.error)
+    finally:
+        sbx.kill()
