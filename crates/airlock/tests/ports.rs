@@ -485,3 +485,53 @@ fn a_websocket_inside_echoes_through_the_daemon() {
     }
     daemon.delete_all();
 }
+
+fn metric(daemon: &TestDaemon, name: &str) -> f64 {
+    let text = daemon.call("GET", "/metrics", None).text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// A WebSocket keeps counting against the daemon's connection caps for as
+/// long as it is open (it is not evicted to make room while its caller
+/// was authenticated), and gives its place back when it closes.
+#[test]
+fn an_open_websocket_counts_as_a_connection_until_it_closes() {
+    let _serial = serial();
+    let daemon = start();
+    let (id, token) = create(&daemon, json!({}));
+    serve(&daemon, &id, &token, 8765);
+    let upgrade = "Upgrade: websocket\r\nConnection: Upgrade\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+    // The metrics calls are connections of their own, closed by then.
+    let before = metric(&daemon, "airlock_http_connections");
+    let mut sockets: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(address(&daemon)).unwrap())
+        .collect();
+    for (i, socket) in sockets.iter_mut().enumerate() {
+        let reply = websocket_echo(
+            socket,
+            &format!(
+                "GET /v1/sandboxes/{id}/ports/8765/ws HTTP/1.1\r\nHost: x\r\n{upgrade}X-Access-Token: {token}\r\n\r\n"
+            ),
+            &format!("socket {i}"),
+        );
+        assert_eq!(reply, format!("echo: socket {i}"));
+    }
+    let open = metric(&daemon, "airlock_http_connections");
+    assert!(
+        open >= before + 3.0,
+        "3 open WebSockets, {open} connections counted (before: {before})"
+    );
+    drop(sockets);
+    assert!(
+        TestDaemon::wait_for(Duration::from_secs(10), || {
+            metric(&daemon, "airlock_http_connections") <= before
+        }),
+        "closed WebSockets still counted: {}",
+        metric(&daemon, "airlock_http_connections")
+    );
+    daemon.delete_all();
+}

@@ -591,6 +591,7 @@ async fn forward_upgrade(
         Err(e) => return port_error(&id, port, e),
     };
     let client_upgrade = hyper::upgrade::on(&mut request);
+    let held = crate::server::upgraded(&request);
     *request.uri_mut() = inward_uri(request.uri(), prefix.as_deref());
     let (mut sender, connection) =
         match hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(stream)).await {
@@ -616,8 +617,20 @@ async fn forward_upgrade(
             if let (Ok(client), Ok(server)) = tokio::join!(client_upgrade, server_upgrade) {
                 let mut client = TokioIo::new(client);
                 let mut server = TokioIo::new(server);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                // The connection counts against the daemon's caps until
+                // this ends; made room for, it ends.
+                let evicted = async {
+                    match &held {
+                        Some(held) => held.evicted().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    () = evicted => {}
+                }
             }
+            drop(held);
         });
     } else {
         for name in HOP_BY_HOP {

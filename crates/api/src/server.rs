@@ -11,7 +11,9 @@
 //!   never evicted, so an authenticated client gets through however many
 //!   idle or slow connections strangers hold. When nothing can be evicted
 //!   the new connection is answered `503 too_many_connections` with
-//!   `Retry-After` and closed.
+//!   `Retry-After` and closed. A connection upgraded to a forwarded
+//!   WebSocket (`crate::ports`) keeps its place until the WebSocket ends,
+//!   counted as a request in flight.
 //! - **Timeouts.** A request head must arrive within
 //!   [`ServerLimits::header_timeout`] of the connection being ready for
 //!   one (this is also the keep-alive idle timeout); an answer whose bytes
@@ -155,6 +157,32 @@ impl ConnectionTrust {
     }
 }
 
+/// A connection upgraded (to a WebSocket) and forwarded: it counts as a
+/// request in flight for as long as this is held, so it is evicted only if
+/// its caller was never authenticated, and then [`Upgraded::evicted`]
+/// resolves for the forwarder to end it.
+pub(crate) struct Upgraded {
+    _in_flight: InFlight,
+    connection: Arc<Connection>,
+}
+
+impl Upgraded {
+    /// Resolves once the connection is chosen to make room.
+    pub(crate) async fn evicted(&self) {
+        self.connection.evict.notified().await;
+    }
+}
+
+/// Holds `request`'s connection as [`Upgraded`] (`None` for a request that
+/// did not come through this server, as in tests of the router alone).
+pub(crate) fn upgraded(request: &Request) -> Option<Upgraded> {
+    let trust = request.extensions().get::<ConnectionTrust>()?;
+    Some(Upgraded {
+        _in_flight: InFlight::enter(&trust.0),
+        connection: Arc::clone(&trust.0),
+    })
+}
+
 /// Marks `request`'s connection as authenticated (see [`ConnectionTrust`]).
 pub fn trust(request: &Request) {
     if let Some(trust) = request.extensions().get::<ConnectionTrust>() {
@@ -261,8 +289,28 @@ impl Connections {
         if burst_is_over(table.peak, table.open.len()) {
             table.peak = table.open.len();
             drop(table);
-            tokio::task::spawn_blocking(self.limits.after_burst);
+            // (A stream dropped outside the runtime, at its shutdown, has
+            // no burst to recover from.)
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn_blocking(self.limits.after_burst);
+            }
         }
+    }
+}
+
+/// A connection's place in the table, given up when the connection's
+/// stream is dropped: after its last answer, or, for a connection upgraded
+/// to a WebSocket, when the forwarded stream ends (so it keeps counting
+/// against the caps all that time).
+struct Release {
+    connections: Arc<Connections>,
+    id: u64,
+    daemon: Daemon,
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.connections.close(self.id, &self.daemon);
     }
 }
 
@@ -359,12 +407,23 @@ pub async fn serve(
             }
         };
         let router = router.clone();
-        let daemon = daemon.clone();
-        let connections = Arc::clone(&connections);
+        let release = Release {
+            connections: Arc::clone(&connections),
+            id,
+            daemon: daemon.clone(),
+        };
         let mut stop = stop.clone();
         tasks.spawn(async move {
-            serve_connection(stream, peer, router, &connection, limits, &mut stop).await;
-            connections.close(id, &daemon);
+            serve_connection(
+                stream,
+                peer,
+                router,
+                &connection,
+                release,
+                limits,
+                &mut stop,
+            )
+            .await;
         });
     }
     drop(listener);
@@ -387,6 +446,7 @@ async fn serve_connection(
     peer: SocketAddr,
     router: axum::Router,
     connection: &Arc<Connection>,
+    release: Release,
     limits: ServerLimits,
     stop: &mut watch::Receiver<bool>,
 ) {
@@ -440,6 +500,7 @@ async fn serve_connection(
         stream,
         limits.write_stall,
         Arc::clone(connection),
+        release,
     ));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -529,6 +590,8 @@ struct Stalling {
     connection: Arc<Connection>,
     /// The head read so far, while one is being looked at.
     head: Option<Vec<u8>>,
+    /// The connection's place in the table, for as long as this stream is.
+    _release: Release,
 }
 
 /// Longest head looked at (hyper refuses longer ones itself).
@@ -554,13 +617,19 @@ fn framed_twice(head: &[u8]) -> Option<bool> {
 }
 
 impl Stalling {
-    fn new(inner: TcpStream, stall: Duration, connection: Arc<Connection>) -> Stalling {
+    fn new(
+        inner: TcpStream,
+        stall: Duration,
+        connection: Arc<Connection>,
+        release: Release,
+    ) -> Stalling {
         Stalling {
             inner,
             stall,
             deadline: None,
             connection,
             head: None,
+            _release: release,
         }
     }
 
