@@ -401,6 +401,15 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
             let id = id_of(&daemon.create(json!({"tier": tier, "template": template})));
             cleanup.add(&id);
             for (n, word) in ["first", "second"].iter().enumerate() {
+                // (Said with the tier and the daemon's log: a sandbox found
+                // dead here once in CI, and a bare exec failure says little.)
+                let state = state_of(&daemon, &id);
+                assert_eq!(
+                    state,
+                    "running",
+                    "{tier} {template} before write {n}; the daemon's log:\n{}",
+                    daemon.log.lock().unwrap()
+                );
                 daemon.sh_ok(
                     &id,
                     &format!("echo {word} > /home/user/{word} && echo {word} >> /tmp/log"),
@@ -415,6 +424,12 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
                     );
                 }
             }
+            assert_eq!(
+                state_of(&daemon, &id),
+                "running",
+                "{tier} {template} after the last resume; the daemon's log:\n{}",
+                daemon.log.lock().unwrap()
+            );
             assert_eq!(
                 daemon.sh_ok(&id, "cat /home/user/first /home/user/second /tmp/log"),
                 "first\nsecond\nfirst\nsecond\n",
