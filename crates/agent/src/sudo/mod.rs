@@ -48,7 +48,7 @@ pub use wire::SOCKET_NAME;
 /// Where a template keeps the program the shim covers.
 pub const SUDO_PATH: &str = "/usr/bin/sudo";
 
-/// `sudo` commands running at once; more wait for a slot.
+/// Callers served at once (asking or running); more wait for a slot.
 const MAX_RUNNING: usize = 256;
 
 /// The agent's side: a listener and the commands it started.
@@ -110,15 +110,17 @@ impl Sudo {
             Ok((pid, _uid)) if pid > 0 => {}
             _ => return,
         }
+        // A slot before anything is read: callers that send nothing hold
+        // no buffer, and at most MAX_RUNNING of them wait at once.
+        let Ok(_slot) = self.slots.acquire().await else {
+            return;
+        };
         let (ask, stdio) = match wire::receive_ask(&conn).await {
             Ok(received) => received,
             Err(refusal) => {
                 let _ = wire::send(&conn, &Reply::Refused { message: refusal }).await;
                 return;
             }
-        };
-        let Ok(_slot) = self.slots.acquire().await else {
-            return;
         };
         let pid = match self.start(&ask, &stdio) {
             Ok(pid) => pid,
