@@ -430,6 +430,18 @@ fn pause_and_resume_twice_in_a_row_keep_every_change_on_every_tier() {
                 "{tier} {template} after the last resume; the daemon's log:\n{}",
                 daemon.log.lock().unwrap()
             );
+            let read = daemon.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"cmd": "cat", "args": ["/home/user/first", "/home/user/second", "/tmp/log"]})),
+            );
+            assert_eq!(
+                read.status,
+                200,
+                "{tier} {template}: {}; the daemon's log:\n{}",
+                read.text(),
+                daemon.log.lock().unwrap()
+            );
             assert_eq!(
                 daemon.sh_ok(&id, "cat /home/user/first /home/user/second /tmp/log"),
                 "first\nsecond\nfirst\nsecond\n",

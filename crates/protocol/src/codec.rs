@@ -38,8 +38,8 @@ struct HeaderIn<M> {
     msg: M,
 }
 
-/// A frame's lengths and header, checked against the limits; the
-/// payload follows them.
+/// A frame's lengths and header, checked against the limits, in a buffer
+/// with room for `extra` more bytes (the payload).
 fn encode_head<M: Serialize>(frame: &Frame<M>, extra: usize) -> Result<Vec<u8>, FrameError> {
     let header = serde_json::to_vec(&HeaderOut {
         id: frame.id,
@@ -66,23 +66,16 @@ pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
     Ok(out)
 }
 
-/// Payloads from this size on are written after the head rather than
-/// copied behind it: a second write costs less than the copy.
-const SEPARATE_PAYLOAD_BYTES: usize = 16 * 1024;
-
 /// Writes one frame and flushes it.
 pub async fn write_frame<W, M>(writer: &mut W, frame: &Frame<M>) -> Result<(), FrameError>
 where
     W: AsyncWrite + Unpin,
     M: Serialize,
 {
-    if frame.payload.len() >= SEPARATE_PAYLOAD_BYTES {
-        let head = encode_head(frame, 0)?;
-        writer.write_all(&head).await?;
-        writer.write_all(&frame.payload).await?;
-    } else {
-        writer.write_all(&encode(frame)?).await?;
-    }
+    // One buffer, one write: a frame is never split across writes (a
+    // split frame is the suspect of a resume losing its agent, see the
+    // closing note of 2026-12-04).
+    writer.write_all(&encode(frame)?).await?;
     writer.flush().await?;
     Ok(())
 }
