@@ -44,14 +44,6 @@ fn hold_connections(target: &str, n: usize) -> std::process::Child {
     child
 }
 
-fn metric(daemon: &TestDaemon, name: &str) -> f64 {
-    let text = daemon.call("GET", "/metrics", None).text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 /// 20,000 idle connections from the client's own address, against a
 /// daemon started with a descriptor limit of 4,096 (so it caps itself):
 /// authenticated clients still create, run and delete, and the daemon
@@ -71,9 +63,9 @@ fn twenty_thousand_idle_connections_do_not_lock_out_clients() {
     assert_eq!((out.as_str(), code), ("served\n", 0));
     assert_eq!(daemon.call("GET", "/healthz", None).status, 200);
     // Half of its 4,096 descriptors are for connections.
-    let open = metric(&daemon, "airlock_http_connections");
+    let open = daemon.metric("airlock_http_connections");
     assert!(open <= 2048.0, "{open} connections held");
-    assert!(metric(&daemon, "airlock_http_connections_evicted_total") > 0.0);
+    assert!(daemon.metric("airlock_http_connections_evicted_total") > 0.0);
     daemon.delete_all();
     for holder in &mut holders {
         let _ = holder.kill();

@@ -451,8 +451,7 @@ fn a_websocket_inside_echoes_through_the_daemon() {
     let daemon = start();
     let (id, token) = create(&daemon, json!({}));
     serve(&daemon, &id, &token, 8765);
-    let upgrade = "Upgrade: websocket\r\nConnection: Upgrade\r\n\
-                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+    let upgrade = WEBSOCKET_UPGRADE;
     let mut by_path = TcpStream::connect(address(&daemon)).unwrap();
     let reply = websocket_echo(
         &mut by_path,
@@ -470,28 +469,29 @@ fn a_websocket_inside_echoes_through_the_daemon() {
     );
     assert_eq!(reply, "echo: through the host");
     // Several at once, each its own.
-    let mut sockets: Vec<TcpStream> = (0..4)
-        .map(|_| TcpStream::connect(address(&daemon)).unwrap())
-        .collect();
-    for (i, socket) in sockets.iter_mut().enumerate() {
-        let reply = websocket_echo(
-            socket,
-            &format!(
-                "GET /ws HTTP/1.1\r\nHost: 8765-{id}.{DOMAIN}\r\n{upgrade}X-Access-Token: {token}\r\n\r\n"
-            ),
-            &format!("socket {i}"),
-        );
-        assert_eq!(reply, format!("echo: socket {i}"));
-    }
+    echo_on_sockets(
+        &daemon,
+        4,
+        &format!("GET /ws HTTP/1.1\r\nHost: 8765-{id}.{DOMAIN}\r\n{upgrade}X-Access-Token: {token}\r\n\r\n"),
+    );
     daemon.delete_all();
 }
 
-fn metric(daemon: &TestDaemon, name: &str) -> f64 {
-    let text = daemon.call("GET", "/metrics", None).text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+/// The headers of a WebSocket handshake.
+const WEBSOCKET_UPGRADE: &str = "Upgrade: websocket\r\nConnection: Upgrade\r\n\
+     Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+
+/// Opens `n` connections to the daemon, each a WebSocket by `request`
+/// that echoes `socket I`; returns them, still open.
+fn echo_on_sockets(daemon: &TestDaemon, n: usize, request: &str) -> Vec<TcpStream> {
+    let mut sockets: Vec<TcpStream> = (0..n)
+        .map(|_| TcpStream::connect(address(daemon)).unwrap())
+        .collect();
+    for (i, socket) in sockets.iter_mut().enumerate() {
+        let reply = websocket_echo(socket, request, &format!("socket {i}"));
+        assert_eq!(reply, format!("echo: socket {i}"));
+    }
+    sockets
 }
 
 /// A WebSocket keeps counting against the daemon's connection caps for as
@@ -503,24 +503,15 @@ fn an_open_websocket_counts_as_a_connection_until_it_closes() {
     let daemon = start();
     let (id, token) = create(&daemon, json!({}));
     serve(&daemon, &id, &token, 8765);
-    let upgrade = "Upgrade: websocket\r\nConnection: Upgrade\r\n\
-                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+    let upgrade = WEBSOCKET_UPGRADE;
     // The metrics calls are connections of their own, closed by then.
-    let before = metric(&daemon, "airlock_http_connections");
-    let mut sockets: Vec<TcpStream> = (0..3)
-        .map(|_| TcpStream::connect(address(&daemon)).unwrap())
-        .collect();
-    for (i, socket) in sockets.iter_mut().enumerate() {
-        let reply = websocket_echo(
-            socket,
-            &format!(
-                "GET /v1/sandboxes/{id}/ports/8765/ws HTTP/1.1\r\nHost: x\r\n{upgrade}X-Access-Token: {token}\r\n\r\n"
-            ),
-            &format!("socket {i}"),
-        );
-        assert_eq!(reply, format!("echo: socket {i}"));
-    }
-    let open = metric(&daemon, "airlock_http_connections");
+    let before = daemon.metric("airlock_http_connections");
+    let sockets = echo_on_sockets(
+        &daemon,
+        3,
+        &format!("GET /v1/sandboxes/{id}/ports/8765/ws HTTP/1.1\r\nHost: x\r\n{upgrade}X-Access-Token: {token}\r\n\r\n"),
+    );
+    let open = daemon.metric("airlock_http_connections");
     assert!(
         open >= before + 3.0,
         "3 open WebSockets, {open} connections counted (before: {before})"
@@ -528,10 +519,10 @@ fn an_open_websocket_counts_as_a_connection_until_it_closes() {
     drop(sockets);
     assert!(
         TestDaemon::wait_for(Duration::from_secs(10), || {
-            metric(&daemon, "airlock_http_connections") <= before
+            daemon.metric("airlock_http_connections") <= before
         }),
         "closed WebSockets still counted: {}",
-        metric(&daemon, "airlock_http_connections")
+        daemon.metric("airlock_http_connections")
     );
     daemon.delete_all();
 }

@@ -38,9 +38,8 @@ struct HeaderIn<M> {
     msg: M,
 }
 
-/// A frame's lengths and header, checked against the limits, in a buffer
-/// with room for `extra` more bytes (the payload).
-fn encode_head<M: Serialize>(frame: &Frame<M>, extra: usize) -> Result<Vec<u8>, FrameError> {
+/// Encodes a frame into bytes (used by [`write_frame`] and by tests).
+pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
     let header = serde_json::to_vec(&HeaderOut {
         id: frame.id,
         msg: &frame.msg,
@@ -52,16 +51,10 @@ fn encode_head<M: Serialize>(frame: &Frame<M>, extra: usize) -> Result<Vec<u8>, 
     if frame.payload.len() > MAX_PAYLOAD_BYTES {
         return Err(FrameError::PayloadTooLarge(frame.payload.len()));
     }
-    let mut out = Vec::with_capacity(8 + header.len() + extra);
+    let mut out = Vec::with_capacity(8 + header.len() + frame.payload.len());
     out.extend_from_slice(&(header.len() as u32).to_be_bytes());
     out.extend_from_slice(&(frame.payload.len() as u32).to_be_bytes());
     out.extend_from_slice(&header);
-    Ok(out)
-}
-
-/// Encodes a frame into bytes (used by [`write_frame`] and by tests).
-pub fn encode<M: Serialize>(frame: &Frame<M>) -> Result<Vec<u8>, FrameError> {
-    let mut out = encode_head(frame, frame.payload.len())?;
     out.extend_from_slice(&frame.payload);
     Ok(out)
 }

@@ -591,7 +591,8 @@ fn die_by(signal: i32) -> ExitCode {
 /// This process's stdin, stdout and stderr, with `/dev/null` for any that
 /// is closed.
 struct Stdio {
-    opened: Vec<OwnedFd>,
+    /// `/dev/null` opened for closed slots, held open as long as this is.
+    _opened: Vec<OwnedFd>,
     fds: [i32; 3],
 }
 
@@ -614,13 +615,15 @@ impl Stdio {
                 }
             }
         }
-        Stdio { opened, fds }
+        Stdio {
+            _opened: opened,
+            fds,
+        }
     }
 
     fn borrowed(&self) -> [BorrowedFd<'_>; 3] {
-        let _ = &self.opened;
         // SAFETY: each number is 0, 1 or 2 (open, checked in `take`) or a
-        // descriptor in `self.opened`, all open as long as `self` is.
+        // descriptor in `self._opened`, all open as long as `self` is.
         self.fds.map(|fd| unsafe { BorrowedFd::borrow_raw(fd) })
     }
 }

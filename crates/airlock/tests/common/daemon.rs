@@ -348,6 +348,16 @@ impl TestDaemon {
     }
 
     /// A request with the admin key.
+    /// The value of the metric line `name` (with its labels, if any) of
+    /// `GET /metrics`.
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.call("GET", "/metrics", None).text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
     pub fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
         let bytes = body.map(|b| b.to_string().into_bytes());
         self.call_as(
