@@ -1020,19 +1020,22 @@ async fn pump(
     on_cut: Option<OnCut>,
 ) -> bool {
     let Some(mut pipe) = pipe else { return false };
-    let mut buf = vec![0u8; OUTPUT_CHUNK];
+    // Read into spare capacity: no page of the buffer is touched before
+    // output fills it (a `true` costs no zeroed 64 KiB per stream).
+    let mut buf = Vec::with_capacity(OUTPUT_CHUNK);
     let mut forwarded: u64 = 0;
     let mut draining = *exited.borrow();
     loop {
+        buf.clear();
         let read = if draining {
-            match tokio::time::timeout(DRAIN_GRACE, pipe.read(&mut buf)).await {
+            match tokio::time::timeout(DRAIN_GRACE, pipe.read_buf(&mut buf)).await {
                 Ok(read) => read,
                 // Silent since the exit: a background process holds the pipe.
                 Err(_) => return false,
             }
         } else {
             tokio::select! {
-                read = pipe.read(&mut buf) => read,
+                read = pipe.read_buf(&mut buf) => read,
                 _ = exited.wait_for(|exited| *exited) => {
                     draining = true;
                     continue;

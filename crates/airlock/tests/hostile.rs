@@ -621,6 +621,14 @@ except OSError as e:
 fn only_loopback_exists() {
     let value = sh_json(&[], "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
     assert_eq!(stdout(&value), "lo\n");
+    // And it is up: a connection to itself over 127.0.0.1 goes through.
+    let value = sh_json(
+        &[],
+        "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); \
+         c = socket.create_connection(s.getsockname(), timeout=5); a, _ = s.accept(); \
+         c.sendall(b\"up\"); print(a.recv(2).decode())'",
+    );
+    assert_eq!(stdout(&value), "up\n");
 }
 
 #[test]

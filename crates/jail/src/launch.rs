@@ -20,6 +20,7 @@
 use crate::cgroup::{CgroupError, CgroupLayout, CgroupLimits, CgroupStats, SandboxCgroup};
 use crate::disk::DiskStore;
 use crate::kernel::{raw_mount, HostSources, RootDir};
+use crate::offline_net::{self, NamespaceMaker};
 use crate::rootfs::{self, HostEntry, HostFacts, NodeKind, RootfsPlan, SHARED_ETC, SYSTEM_ENTRIES};
 use crate::runtime::{RuntimeDir, RuntimeError, Slot, SlotRecord, UIDS_PER_SANDBOX};
 use crate::{landlock as ll, seccomp};
@@ -27,7 +28,7 @@ use airlock_policy::{LayerBacking, SandboxSpec, SpecError, Template, VolumeMount
 use std::ffi::CString;
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -186,10 +187,10 @@ struct ChildContext<'a> {
     argv: Vec<CString>,
     seccomp: seccompiler::BpfProgram,
     landlock: ll::LandlockCompat,
-    /// Whether the clone makes the sandbox's network namespace (policy
-    /// `none`) or it shares the launcher's, prepared by
-    /// [`crate::net::enter_egress_namespace`].
-    own_network: bool,
+    /// For network policy `none`, where the sandbox's own namespace
+    /// arrives ([`crate::offline_net`]); otherwise it shares the
+    /// launcher's, prepared by [`crate::net::enter_egress_namespace`].
+    netns_channel: Option<OwnedFd>,
 }
 
 impl Jail {
@@ -308,6 +309,13 @@ impl Jail {
         let (cgroup_write, cgroup_read) =
             UnixStream::pair().map_err(|e| LaunchError::Io("create the cgroup channel", e))?;
         let (err_read, err_write) = pipe()?;
+        let (netns_host, netns_child) = if spec.network.is_none() {
+            let (host, child) = UnixStream::pair()
+                .map_err(|e| LaunchError::Io("create the network namespace channel", e))?;
+            (Some(host), Some(OwnedFd::from(child)))
+        } else {
+            (None, None)
+        };
         let template_dir = match &spec.template {
             Template::Dir { path } => Some(path.as_path()),
             Template::Host | Template::Layers { .. } => None,
@@ -356,16 +364,15 @@ impl Jail {
             } else {
                 ll::LandlockCompat::Required
             },
-            own_network: spec.network.is_none(),
+            netns_channel: netns_child,
         };
-        let mut flags = libc::CLONE_NEWUSER
+        // No CLONE_NEWNET: a sandbox's own network namespace is made beside
+        // its setup, off the critical path (see `crate::offline_net`).
+        let flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        if context.own_network {
-            flags |= libc::CLONE_NEWNET;
-        }
         // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
         // like fork(2): the child gets a copy-on-write copy of this address
         // space and continues here. The process is single-threaded (checked
@@ -394,6 +401,7 @@ impl Jail {
             drop(err_read);
             drop(host_end);
             drop(layers_host);
+            drop(netns_host);
             child_main(context);
         }
         self.init_pid = pid as i32;
@@ -406,11 +414,13 @@ impl Jail {
             send_layers(pid as i32, layers, &spec.volumes, channel)?;
         }
         release(go_write, "start the sandbox init")?;
-        // Launchers that died left their cgroups and slot records: release
-        // them now, while the child builds its root and this process would
-        // only wait. This launch's own record is live (its slot is locked),
-        // so the sweep leaves it and its cgroup alone.
-        runtime.sweep(Some(self.cgroup.layout()));
+        let netns = match netns_host {
+            Some(channel) => Some(
+                NamespaceMaker::start(pid as i32, channel)
+                    .map_err(|e| LaunchError::Io("start making the network namespace", e))?,
+            ),
+            None => None,
+        };
         // The cgroup is made while the child builds its root. The child
         // waits for it before it enters its cgroup namespace and execs, so
         // nothing of the sandbox runs outside its limits (only the setup
@@ -434,9 +444,21 @@ impl Jail {
         // account below explains more than the broken pipe would.
         let released = send_cgroup_entry(&cgroup_write, &entry);
         drop(entry);
+        // Launchers that died left their cgroups and slot records: release
+        // them now, while the child finishes its setup and this process
+        // would only wait (after the cgroup, which the child waits for).
+        // This launch's own record is live (its slot is locked), so the
+        // sweep leaves it and its cgroup alone.
+        runtime.sweep(Some(self.cgroup.layout()));
 
         let mut message = String::new();
         let _ = fs::File::from(err_read).read_to_string(&mut message);
+        // Its failure is why the init failed, if it did.
+        if let Some(netns) = netns {
+            netns
+                .finish()
+                .map_err(|e| LaunchError::Io("make the network namespace", e))?;
+        }
         if !message.is_empty() {
             return Err(LaunchError::Setup(message));
         }
@@ -1129,8 +1151,8 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         rootfs::apply(context.rootfs, &mut root),
     )?;
     drop(root);
-    if context.own_network {
-        step("bring up loopback", loopback_up())?;
+    if let Some(channel) = &context.netns_channel {
+        offline_net::enter(channel)?;
     }
 
     step("enter the new root", std::env::set_current_dir(&new_root))?;
@@ -1242,35 +1264,4 @@ fn child_setup(context: &ChildContext<'_>) -> Result<std::convert::Infallible, S
         );
     }
     Err(format!("exec the agent: {}", io::Error::last_os_error()))
-}
-
-/// Sets IFF_UP on `lo`, the only interface of the sandbox.
-fn loopback_up() -> io::Result<()> {
-    // SAFETY: socket(2) returns a new descriptor or -1; ownership is taken
-    // right away so it is closed on every path.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in request.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in
-    // `request` into `request`, which is a valid, writable ifreq.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut request) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the union member `ifru_flags` was just filled by the kernel.
-    unsafe {
-        request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-    }
-    // SAFETY: SIOCSIFFLAGS reads `request`, a valid ifreq naming `lo`.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &request) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }

@@ -9,6 +9,8 @@
 //! - [`landlock`]: write confinement to the sandbox's writable paths.
 //! - [`runtime`]: uid slots and records that survive a crashed launcher.
 //! - [`launch`]: namespaces, the clone, and the idempotent teardown.
+//! - `offline_net`: the network namespace of a sandbox without network,
+//!   made beside its setup.
 
 pub mod cgroup;
 pub mod disk;
@@ -16,6 +18,7 @@ pub mod kernel;
 pub mod landlock;
 pub mod launch;
 pub mod net;
+mod offline_net;
 pub mod rootfs;
 pub mod runtime;
 pub mod seccomp;

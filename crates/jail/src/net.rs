@@ -1,7 +1,7 @@
 //! The network namespace of a sandbox that may reach the network.
 //!
-//! A sandbox whose policy is `none` gets a namespace of its own from the
-//! clone (loopback only, brought up by its init). Any other policy is
+//! A sandbox whose policy is `none` gets a namespace of its own, loopback
+//! only, made beside its setup (`crate::offline_net`). Any other policy is
 //! enforced by the daemon's egress path, and the namespace is prepared by
 //! the launcher *before* the clone, as host root, so it belongs to the
 //! host's user namespace: nothing inside the sandbox — not its root, not
