@@ -772,7 +772,7 @@ fn receive_layers(channel: &OwnedFd, count: usize) -> Result<Vec<OwnedFd>, Strin
 }
 
 /// Receives one message of [`send_fds`]: its descriptors.
-fn receive_fds(channel: &OwnedFd, what: &str) -> Result<Vec<OwnedFd>, String> {
+pub(crate) fn receive_fds(channel: &OwnedFd, what: &str) -> Result<Vec<OwnedFd>, String> {
     let mut space =
         vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_MESSAGE))];
     let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);

@@ -152,26 +152,11 @@ fn make(init: i32, channel: &UnixStream) -> io::Result<()> {
 
 /// The init's side: waits for the namespace and moves into it.
 pub(crate) fn enter(channel: &OwnedFd) -> Result<(), String> {
-    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
-    let mut byte = [0u8; 1];
-    let got = rustix::net::recvmsg(
-        channel,
-        &mut [io::IoSliceMut::new(&mut byte)],
-        &mut control,
-        rustix::net::RecvFlags::CMSG_CLOEXEC,
-    )
-    .map_err(|e| format!("wait for the network namespace: {e}"))?;
-    let mut netns = None;
-    for message in control.drain() {
-        if let rustix::net::RecvAncillaryMessage::ScmRights(received) = message {
-            netns = netns.or(received.into_iter().next());
-        }
-    }
-    let netns = match (got.bytes, netns) {
-        (1, Some(netns)) => netns,
-        _ => return Err("wait for the network namespace: none was made".to_owned()),
-    };
+    let what = "wait for the network namespace";
+    let netns = crate::launch::receive_fds(channel, what)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("{what}: none was made"))?;
     rustix::thread::move_into_link_name_space(netns.as_fd(), Some(LinkNameSpaceType::Network))
         .map_err(|e| format!("enter the network namespace: {e}"))
 }
