@@ -1393,7 +1393,9 @@ mod tests {
                     a = match insn.k {
                         SECCOMP_DATA_NR => nr,
                         SECCOMP_DATA_ARCH => AUDIT_ARCH_X86_64,
-                        k if k >= SECCOMP_DATA_ARGS && (k - SECCOMP_DATA_ARGS).is_multiple_of(8) => {
+                        k if k >= SECCOMP_DATA_ARGS
+                            && (k - SECCOMP_DATA_ARGS).is_multiple_of(8) =>
+                        {
                             args[((k - SECCOMP_DATA_ARGS) / 8) as usize] as u32
                         }
                         k => panic!("load of offset {k}"),

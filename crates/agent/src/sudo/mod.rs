@@ -30,6 +30,9 @@
 pub mod shim;
 mod wire;
 
+#[cfg(feature = "fuzzing")]
+pub use wire::fuzzing;
+
 use crate::privileges::ChildSetup;
 use crate::reaper::{Ended, Reaper};
 use crate::{locked, AgentConfig};

@@ -184,6 +184,37 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> io::Result<T> {
     serde_json::from_slice(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
+/// Entry points for `fuzz/` (the `sudo_wire` target): what the agent makes
+/// of a datagram any process in the sandbox may send.
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing {
+    use super::{decode, encode, Ask, Tell, MAX_MESSAGE};
+
+    /// Decodes `bytes` as the agent decodes an ask (a caller's first
+    /// datagram, at most [`MAX_MESSAGE`] bytes) and as a later `Tell`;
+    /// whatever decodes must encode and decode back to itself.
+    pub fn datagram(bytes: &[u8]) {
+        let bytes = &bytes[..bytes.len().min(MAX_MESSAGE)];
+        if let Ok(ask) = decode::<Ask>(bytes) {
+            let again = encode(&ask).and_then(|encoded| decode::<Ask>(&encoded));
+            assert_eq!(
+                again.ok().as_ref(),
+                Some(&ask),
+                "an ask changed on a round trip"
+            );
+        }
+        let bytes = &bytes[..bytes.len().min(1024)];
+        if let Ok(tell) = decode::<Tell>(bytes) {
+            let again = encode(&tell).and_then(|encoded| decode::<Tell>(&encoded));
+            assert_eq!(
+                again.ok().as_ref(),
+                Some(&tell),
+                "a tell changed on a round trip"
+            );
+        }
+    }
+}
+
 fn closed() -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, "the other end closed")
 }
