@@ -666,6 +666,25 @@ def test_bash_session_keeps_cwd_and_exports(thread):
     assert reused.stdout.split() == ["/tmp", "2"], reused
 
 
+def test_bash_without_bash_runs_in_sh(thread):
+    """Where the sandbox has no bash (here: none on the call's PATH) the
+    command runs in sh, with the session's state kept all the same."""
+    sbx = thread.client
+    session = bash_session(sbx)
+    nowhere = {"PATH": "/nowhere"}
+    sbx.bash.exec(session_id=session, command="cd /tmp; export KEPT=yes", env=nowhere)
+    result = sbx.bash.exec(
+        session_id=session,
+        command='echo "${BASH_VERSION:-sh}" "$KEPT"; pwd',
+        env=nowhere,
+    ).data
+    assert result.status == "completed" and result.exit_code == 0, result
+    assert result.stdout.split() == ["sh", "yes", "/tmp"], result
+    other = bash_session(sbx)
+    with_bash = sbx.bash.exec(session_id=other, command='echo "${BASH_VERSION:+bash}"').data
+    assert with_bash.stdout.strip() == "bash", with_bash
+
+
 def test_bash_stdout_and_stderr_apart(thread):
     sbx = thread.client
     session = bash_session(sbx)

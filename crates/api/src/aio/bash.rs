@@ -80,8 +80,11 @@ const SETTLE: Duration = Duration::from_secs(5);
 const WRITE_PATIENCE: Duration = Duration::from_secs(10);
 /// The working directory shown before anything changed it.
 const HOME: &str = "/home/user";
-/// Runs the script in `$0` with bash when the sandbox has it, else sh.
-const BOOT: &str = "if command -v bash >/dev/null 2>&1; then exec bash --noprofile --norc -c \"$0\"; else exec sh -c \"$0\"; fi";
+/// The shells a script runs in: bash, started directly, where the
+/// sandbox has it, else sh. Never a shell that execs bash: on gVisor a
+/// signal that reaches a process while it execs is lost, so a kill in
+/// that window left the command running; and the extra exec cost a start.
+const BASH: [&str; 3] = ["--noprofile", "--norc", "-c"];
 /// Where the names of the script's own variables start.
 const OWN: &str = "__airlock_";
 
@@ -515,11 +518,21 @@ impl Job {
         if command.status() != Status::Pending {
             return;
         }
-        let (hub, mut attached) = match api
+        let started = match api
             .daemon
-            .exec(sandbox, self.request, &self.request_id)
+            .exec(sandbox, self.request.clone(), &self.request_id)
             .await
         {
+            // No bash in this sandbox: the script is POSIX sh too.
+            Err(DaemonError::NotFound(_)) => {
+                let mut request = self.request;
+                request.cmd = "/bin/sh".into();
+                request.args.drain(..BASH.len() - 1);
+                api.daemon.exec(sandbox, request, &self.request_id).await
+            }
+            started => started,
+        };
+        let (hub, mut attached) = match started {
             Ok(started) => started,
             Err(e) => {
                 let why = e.to_string();
@@ -793,8 +806,8 @@ impl Session {
         let job = Job {
             command: Arc::clone(&command),
             request: ExecRequest {
-                cmd: "/bin/sh".into(),
-                args: vec!["-c".into(), BOOT.into(), text],
+                cmd: "bash".into(),
+                args: BASH.iter().map(|a| (*a).to_owned()).chain([text]).collect(),
                 env: exec.env,
                 cwd: None,
                 user: None,
