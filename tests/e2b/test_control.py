@@ -176,7 +176,9 @@ def test_pause_keeps_files_and_processes_and_connect_resumes(make_sandbox, tag):
     sbx = make_sandbox(metadata={"suite": tag})
     sbx.files.write("/tmp/kept.txt", "before the pause")
     sbx.commands.run(
-        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+        # Written aside and renamed: a reader (or a pause) never meets the
+        # file truncated and not yet written.
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n.part; mv -f /tmp/n.part /tmp/n; sleep 0.05; done",
         background=True,
     )
     time.sleep(0.3)

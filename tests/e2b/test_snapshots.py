@@ -76,7 +76,9 @@ def test_a_fork_gives_children_the_parents_files_and_the_parent_runs_on(make_san
     parent = make_sandbox(template="base")
     parent.files.write("/home/user/state", "parent")
     parent.commands.run(
-        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done",
+        # Written aside and renamed: a reader (or a pause) never meets the
+        # file truncated and not yet written.
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/n.part; mv -f /tmp/n.part /tmp/n; sleep 0.05; done",
         background=True,
     )
     time.sleep(0.3)
