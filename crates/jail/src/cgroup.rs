@@ -480,6 +480,9 @@ impl SandboxCgroup {
             }
         }
         let deadline = Instant::now() + within;
+        // A SIGKILLed process is usually gone within a fraction of a
+        // millisecond: look again soon, then less often.
+        let mut pause = Duration::from_micros(100);
         loop {
             let pids = self.pids();
             if pids.is_empty() {
@@ -497,7 +500,8 @@ impl SandboxCgroup {
             if Instant::now() > deadline {
                 return Err(CgroupError::KillTimeout(self.dirs().remove(0), within));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
 

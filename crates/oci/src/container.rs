@@ -652,12 +652,7 @@ impl Container {
         self.checkpointed = true;
         // `runsc run` ends once its sandbox is saved; it is reaped here.
         if let Some(mut child) = self.child.take() {
-            let deadline = Instant::now() + START_TIMEOUT;
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            wait_or_kill(&mut child, START_TIMEOUT);
         }
         self.runtime_pid = None;
         self.init_pid = 0;
@@ -771,12 +766,7 @@ impl Container {
             // The runtime reaps the container's init once it is killed and
             // then exits; it is given a moment for that (a zombie it left
             // to the host's init would outlive the teardown), then killed.
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+            wait_or_kill(&mut child, Duration::from_secs(5));
         }
         reap(&members);
         if self.mounted {
@@ -850,6 +840,20 @@ fn dir_bytes(dir: &Path) -> u64 {
             }
         })
         .sum()
+}
+
+/// Waits up to `within` for `child` to exit (looking again soon, then less
+/// often: a runtime whose container was killed usually ends within a
+/// millisecond or two), then kills it; reaped either way.
+fn wait_or_kill(child: &mut std::process::Child, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut pause = Duration::from_micros(100);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Reaps those of `pids` that are (now) this process's children and have
