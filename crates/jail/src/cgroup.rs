@@ -482,7 +482,7 @@ impl SandboxCgroup {
         let deadline = Instant::now() + within;
         // A SIGKILLed process is usually gone within a fraction of a
         // millisecond: look again soon, then less often.
-        let mut pause = Duration::from_micros(100);
+        let mut backoff = crate::Backoff::new();
         loop {
             let pids = self.pids();
             if pids.is_empty() {
@@ -500,8 +500,7 @@ impl SandboxCgroup {
             if Instant::now() > deadline {
                 return Err(CgroupError::KillTimeout(self.dirs().remove(0), within));
             }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(2));
+            backoff.sleep();
         }
     }
 

@@ -373,28 +373,11 @@ impl Jail {
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
-        // like fork(2): the child gets a copy-on-write copy of this address
-        // space and continues here. The process is single-threaded (checked
-        // in `launch`), so no lock (allocator included) can be held by a
-        // thread that does not exist in the child; the child only runs
-        // `child_main`, which never returns (it execs or `_exit`s).
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                (flags | libc::SIGCHLD) as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
-        };
-        if pid < 0 {
-            return Err(LaunchError::Io(
-                "clone the sandbox init",
-                io::Error::last_os_error(),
-            ));
-        }
+        // SAFETY: the process is single-threaded (checked in `launch`); the
+        // child only runs `child_main`, which never returns (it execs or
+        // `_exit`s).
+        let pid = unsafe { fork_with(flags) }
+            .map_err(|e| LaunchError::Io("clone the sandbox init", e))?;
         if pid == 0 {
             drop(go_write);
             drop(cgroup_write);
@@ -404,19 +387,19 @@ impl Jail {
             drop(netns_host);
             child_main(context);
         }
-        self.init_pid = pid as i32;
+        self.init_pid = pid;
         self.reaped = false;
         drop(context);
 
         let base = self.slot.as_ref().map_or(0, Slot::host_uid_base);
-        write_id_maps(pid as i32, base)?;
+        write_id_maps(pid, base)?;
         if let Some(channel) = &layers_host {
-            send_layers(pid as i32, layers, &spec.volumes, channel)?;
+            send_layers(pid, layers, &spec.volumes, channel)?;
         }
         release(go_write, "start the sandbox init")?;
         let netns = match netns_host {
             Some(channel) => Some(
-                NamespaceMaker::start(pid as i32, channel)
+                NamespaceMaker::start(pid, channel)
                     .map_err(|e| LaunchError::Io("start making the network namespace", e))?,
             ),
             None => None,
@@ -769,6 +752,36 @@ fn receive_layers(channel: &OwnedFd, count: usize) -> Result<Vec<OwnedFd>, Strin
         ));
     }
     Ok(layers)
+}
+
+/// A raw `clone(flags | SIGCHLD)` without `CLONE_VM`: fork(2), into the
+/// namespaces `flags` asks for, without glibc's atfork handlers. `Ok(0)` in
+/// the child; the child's pid in the caller.
+///
+/// # Safety
+/// The calling process must be single-threaded, and the child must never
+/// return into the caller's code: it ends in exec or `_exit`.
+pub(crate) unsafe fn fork_with(flags: libc::c_int) -> io::Result<i32> {
+    // SAFETY: a raw clone without CLONE_VM and with a null stack behaves
+    // like fork(2): the child gets a copy-on-write copy of this address
+    // space and continues here. The caller is single-threaded (this
+    // function's contract), so no lock (allocator included) can be held by
+    // a thread that does not exist in the child.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    if pid < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        i32::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
+    }
 }
 
 /// Receives one message of [`send_fds`]: its descriptors.

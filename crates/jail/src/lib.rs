@@ -28,6 +28,34 @@ pub use launch::{Jail, LaunchError};
 use std::io::{self, Read};
 use std::path::Path;
 
+/// Pauses between looks at something that usually ends at once (a killed
+/// process's exit): 100 us first, doubling to at most 2 ms.
+#[derive(Debug)]
+pub struct Backoff {
+    pause: std::time::Duration,
+}
+
+impl Backoff {
+    /// The first pause is the shortest.
+    pub fn new() -> Backoff {
+        Backoff {
+            pause: std::time::Duration::from_micros(100),
+        }
+    }
+
+    /// Sleeps for the current pause and doubles the next (up to 2 ms).
+    pub fn sleep(&mut self) {
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(std::time::Duration::from_millis(2));
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff::new()
+    }
+}
+
 /// A small file of procfs, sysfs or cgroupfs as text, read in one go.
 ///
 /// Such files report a size of 0, so `fs::read_to_string` sizes its buffer

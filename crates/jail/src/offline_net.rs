@@ -41,30 +41,13 @@ impl NamespaceMaker {
     /// its id maps already written); the namespace goes down `channel`.
     /// Must be called from a single-threaded process.
     pub(crate) fn start(init: i32, channel: UnixStream) -> io::Result<NamespaceMaker> {
-        // SAFETY: a raw clone without CLONE_VM behaves like fork(2); the
-        // caller is single-threaded, so the child's copy of this address
-        // space holds no lock of a thread that does not exist there. The
-        // child only runs `helper`, which never returns.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                libc::SIGCHLD as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
-        };
-        if pid < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: the caller is single-threaded (this function's
+        // contract); the child only runs `helper`, which `_exit`s.
+        let pid = unsafe { crate::launch::fork_with(0) }?;
         if pid == 0 {
             helper(init, &channel);
         }
-        Ok(NamespaceMaker {
-            pid: pid as i32,
-            reaped: false,
-        })
+        Ok(NamespaceMaker { pid, reaped: false })
     }
 
     /// Waits for the helper; an error is why it made no namespace.

@@ -847,10 +847,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// millisecond or two), then kills it; reaped either way.
 fn wait_or_kill(child: &mut std::process::Child, within: Duration) {
     let deadline = Instant::now() + within;
-    let mut pause = Duration::from_micros(100);
+    let mut backoff = airlock_jail::Backoff::new();
     while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(2));
+        backoff.sleep();
     }
     let _ = child.kill();
     let _ = child.wait();

@@ -25,6 +25,8 @@ pub const SOCKET_NAME: &str = "airlock-sudo";
 /// Largest message either side sends (the command line and environment of
 /// an [`Ask`] included).
 pub(crate) const MAX_MESSAGE: usize = 128 << 10;
+/// The largest message after the ask (a `Tell`); a longer one is refused.
+const MAX_TELL: usize = 1024;
 
 /// Signals a shim relays to its command.
 pub(crate) const RELAYED: [i32; 9] = [
@@ -188,28 +190,28 @@ fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> io::Result<T> {
 /// of a datagram any process in the sandbox may send.
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing {
-    use super::{decode, encode, Ask, Tell, MAX_MESSAGE};
+    use super::{decode, encode, Ask, Tell, MAX_MESSAGE, MAX_TELL};
+    use serde::{Deserialize, Serialize};
 
     /// Decodes `bytes` as the agent decodes an ask (a caller's first
-    /// datagram, at most [`MAX_MESSAGE`] bytes) and as a later `Tell`;
-    /// whatever decodes must encode and decode back to itself.
+    /// datagram, at most [`MAX_MESSAGE`] bytes) and as a later `Tell` (at
+    /// most [`MAX_TELL`]); whatever decodes must encode and decode back to
+    /// itself.
     pub fn datagram(bytes: &[u8]) {
-        let bytes = &bytes[..bytes.len().min(MAX_MESSAGE)];
-        if let Ok(ask) = decode::<Ask>(bytes) {
-            let again = encode(&ask).and_then(|encoded| decode::<Ask>(&encoded));
+        round_trip::<Ask>(&bytes[..bytes.len().min(MAX_MESSAGE)]);
+        round_trip::<Tell>(&bytes[..bytes.len().min(MAX_TELL)]);
+    }
+
+    fn round_trip<T>(bytes: &[u8])
+    where
+        T: for<'de> Deserialize<'de> + Serialize + PartialEq + std::fmt::Debug,
+    {
+        if let Ok(message) = decode::<T>(bytes) {
+            let again = encode(&message).and_then(|encoded| decode::<T>(&encoded));
             assert_eq!(
                 again.ok().as_ref(),
-                Some(&ask),
-                "an ask changed on a round trip"
-            );
-        }
-        let bytes = &bytes[..bytes.len().min(1024)];
-        if let Ok(tell) = decode::<Tell>(bytes) {
-            let again = encode(&tell).and_then(|encoded| decode::<Tell>(&encoded));
-            assert_eq!(
-                again.ok().as_ref(),
-                Some(&tell),
-                "a tell changed on a round trip"
+                Some(&message),
+                "a message changed on a round trip"
             );
         }
     }
@@ -279,7 +281,7 @@ pub(crate) async fn receive_ask(conn: &AsyncFd<OwnedFd>) -> Result<(Ask, [OwnedF
 pub(crate) async fn receive<T: for<'de> Deserialize<'de>>(
     conn: &AsyncFd<OwnedFd>,
 ) -> io::Result<T> {
-    let mut buf = [0u8; 1024];
+    let mut buf = [0u8; MAX_TELL];
     let (len, _fds) = receive_async(conn, &mut buf).await?;
     decode(&buf[..len])
 }

@@ -526,8 +526,9 @@ impl Job {
             // No bash in this sandbox: the script is POSIX sh too.
             Err(DaemonError::NotFound(_)) => {
                 let mut request = self.request;
+                let script = request.args.pop().unwrap_or_default();
                 request.cmd = "/bin/sh".into();
-                request.args.drain(..BASH.len() - 1);
+                request.args = vec!["-c".into(), script];
                 api.daemon.exec(sandbox, request, &self.request_id).await
             }
             started => started,
