@@ -90,6 +90,13 @@ impl Sandbox {
         }
     }
 
+    /// The restored sandbox has answered: its memory image can go.
+    pub fn restore_confirmed(&mut self) {
+        if let Sandbox::Container(container) = self {
+            container.restore_confirmed();
+        }
+    }
+
     /// Whether its memory is checkpointed and nothing of it runs.
     pub fn is_checkpointed(&self) -> bool {
         match self {

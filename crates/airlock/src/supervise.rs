@@ -344,6 +344,8 @@ async fn relay(
     let agent: AgentWriter =
         tokio::sync::watch::Sender::new(Some(std::sync::Arc::new(Mutex::new(writer))));
     let mut memory_seq: Option<u64> = None;
+    // Restored, and not heard from since (see `restore_confirmed`).
+    let mut unconfirmed_restore = false;
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut nudged = signal(SignalKind::from_raw(deadline::NUDGE.as_raw()))?;
@@ -362,7 +364,11 @@ async fn relay(
     let end = loop {
         tokio::select! {
             frame = frames.recv() => match frame.unwrap_or((agent_generation, Err(FrameError::Closed))) {
-                (_, Ok(bytes)) => {
+                (from, Ok(bytes)) => {
+                    if unconfirmed_restore && from == agent_generation {
+                        unconfirmed_restore = false;
+                        jail.restore_confirmed();
+                    }
                     if let Some(writer) = daemon.as_mut() {
                         if writer.write_all(&bytes).await.is_err() {
                             daemon = None;
@@ -437,6 +443,7 @@ async fn relay(
                                     reader_task.abort();
                                     reader_task = task;
                                     agent.send_replace(Some(std::sync::Arc::new(Mutex::new(writer))));
+                                    unconfirmed_restore = true;
                                     Ok(0)
                                 }
                                 Err(e) => Err(e),

@@ -1160,6 +1160,12 @@ impl Daemon {
             .resume(id, &sandbox.resources)
             .await
             .map_err(state_error)?;
+        // Running means answering: a tier may call a restore done before
+        // its runtime has finished it (runsc reports the container made,
+        // then reads the memory image), and a restore that fails after
+        // that would otherwise be found by the next call, as a sandbox
+        // that is not running.
+        answers(id, sandbox.agent()).await.map_err(state_error)?;
         self.move_state(&sandbox, State::Paused, State::Running)?;
         self.expire_in_from_now(id, Duration::from_millis(sandbox.spec.timeout_ms))?;
         self.inner.audit.record(
@@ -1688,6 +1694,42 @@ pub(crate) fn create_error(id: &str, e: CreateError) -> DaemonError {
         CreateError::Failed(message) => {
             DaemonError::Internal(format!("creating {id} failed: {message}"))
         }
+    }
+}
+
+/// How long a resumed sandbox's agent may take to answer (a restore reads
+/// back the whole memory image first).
+const RESUMED_ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+/// Whether the agent of resumed sandbox `id` answers a ping within
+/// [`RESUMED_ANSWER_WITHIN`]; why not, as a failed resume.
+async fn answers(
+    id: &str,
+    agent: &airlock_protocol::AgentClient,
+) -> Result<(), airlock_backend::StateError> {
+    let failed = |reason: String| airlock_backend::StateError::Failed {
+        id: id.to_owned(),
+        what: "resume",
+        reason,
+    };
+    let ping = async {
+        agent
+            .request(airlock_protocol::Request::Ping)
+            .await?
+            .finish()
+            .await
+    };
+    match tokio::time::timeout(RESUMED_ANSWER_WITHIN, ping).await {
+        Ok(Ok(airlock_protocol::Event::Pong)) => Ok(()),
+        Ok(Ok(other)) => Err(failed(format!("its agent answered {other:?} to a ping"))),
+        Ok(Err(e)) => {
+            tracing::warn!("sandbox {id} did not come back from its resume: {e}");
+            Err(failed("it did not come back: its agent is gone".into()))
+        }
+        Err(_) => Err(failed(format!(
+            "its agent did not answer within {} s",
+            RESUMED_ANSWER_WITHIN.as_secs()
+        ))),
     }
 }
 

@@ -113,6 +113,9 @@ pub struct Container {
     networked: bool,
     /// Its memory is checkpointed to disk and no process of it runs.
     checkpointed: bool,
+    /// It was restored from its memory image, which its runtime may not
+    /// have read yet.
+    image_in_use: bool,
     mounted: bool,
     torn_down: bool,
 }
@@ -222,6 +225,7 @@ impl Container {
             config: Vec::new(),
             networked: netns.is_some(),
             checkpointed: false,
+            image_in_use: false,
             mounted: false,
             torn_down: false,
         };
@@ -689,11 +693,32 @@ impl Container {
             image.clone().into(),
         ])?;
         self.checkpointed = false;
-        let _ = fs::remove_dir_all(&image);
+        // The image stays until the restored sandbox has spoken
+        // ([`Container::restore_confirmed`]): runsc writes its pid file
+        // when it has made the container, before it opens the image, and
+        // an image removed in between is a restore that fails after this
+        // returned.
+        self.image_in_use = true;
         self.channel.take().ok_or(ContainerError::Refused {
             runtime: self.runtime_name(),
             message: "the restored sandbox has no channel".into(),
         })
+    }
+
+    /// The restored sandbox has answered on its new channel, so its
+    /// runtime has read the memory image: the image goes. Idempotent.
+    pub fn restore_confirmed(&mut self) {
+        if !self.image_in_use {
+            return;
+        }
+        if let Ok(image) = self.image_dir() {
+            match fs::remove_dir_all(&image) {
+                Ok(()) => self.image_in_use = false,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => self.image_in_use = false,
+                // Left to the teardown, which removes it too.
+                Err(_) => {}
+            }
+        }
     }
 
     /// The sandbox id (also its hostname).
