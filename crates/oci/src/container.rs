@@ -714,13 +714,10 @@ impl Container {
         if !self.image_in_use {
             return;
         }
-        if let Ok(image) = self.image_dir() {
-            match fs::remove_dir_all(&image) {
-                Ok(()) => self.image_in_use = false,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => self.image_in_use = false,
-                // Left to the teardown, which removes it too.
-                Err(_) => {}
-            }
+        // One that cannot go now is left to the teardown, which removes it
+        // too.
+        if let Some(images) = &self.images {
+            self.image_in_use = images.remove_checkpoint(&self.id).is_err();
         }
     }
 
