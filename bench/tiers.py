@@ -2,16 +2,19 @@
 """Benchmark of the isolation tiers (issue 13), in one run against one daemon:
 
 - per tier, create + exec `true` + destroy through the API (template
-  `host`, interleaved), cold and with a warm pool's member claimed (the
-  pool refilled between cycles), against the raw runtime (`runsc run`,
-  `runc run`) running the same bundle with `true` as its init: the
+  `host`, a tier at a time), cold and with a warm pool's member claimed
+  (the pool refilled between cycles), against the raw runtime (`runsc
+  run`, `runc run`) running the same bundle with `true` as its init: the
   config.json airlock wrote for a live sandbox of that tier (namespaces,
   id maps, limits, mounts, masked and read-only paths, the runtime's
   flags), where only what lives in that sandbox's supervisor is replaced
-  (the stage its binds come from, by empty directories; the root, by
-  busybox's). Targets gvisor <= 1.1x raw runsc and oci <= 1.2x raw runc
-  at p50. A minimal bundle (busybox, proc and dev, no user namespace, no
-  limits) is timed too, for scale;
+  (the stage its binds come from, by empty directories; the root, by one
+  holding the template's `true`, the program the API cycle runs, and
+  what its loader maps, at the same paths). Each raw run follows its
+  tier's cycle, so both meet the machine in the same state. Targets
+  gvisor <= 1.1x raw runsc and oci <= 1.2x raw runc at p50. A minimal
+  bundle (busybox, proc and dev, no user namespace, no limits) is timed
+  too, for scale;
 - the cost of gVisor's boundary on agent work, gvisor against process in
   one live sandbox each: `python3 -c 'import json, sqlite3'`, 1,000 files
   written and read back, `pip --version`;
@@ -23,6 +26,7 @@ Needs root, runsc, runc and busybox-static (./scripts/deps). Usage:
 """
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -70,6 +74,41 @@ def raw_bundle(tmp, kind):
     return bundle
 
 
+# The PATH of a command run as the sandbox's user (the agent's default).
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def loaded_by(program):
+    """The shared objects (the loader included) `program` maps, by path."""
+    out = subprocess.run(["ldd", program], check=True, capture_output=True, text=True).stdout
+    paths = []
+    for line in out.splitlines():
+        words = line.replace("=>", " ").split()
+        paths += [w for w in words if w.startswith("/")][:1]
+    return paths
+
+
+def replicate(root, path):
+    """Makes `path` resolve under `root` as it does on the host: its
+    directories and symbolic links recreated, the file at its end copied."""
+    path = os.path.normpath(path)
+    if path == "/":
+        return
+    replicate(root, os.path.dirname(path))
+    host = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    dest = root + host
+    if os.path.lexists(dest):
+        return
+    if os.path.islink(host):
+        link = os.readlink(host)
+        os.symlink(link, dest)
+        replicate(root, os.path.join(os.path.dirname(host), link))
+    elif os.path.isdir(host):
+        os.mkdir(dest)
+    else:
+        shutil.copy(host, dest)
+
+
 def same_bundle(tmp, kind, sid):
     """The bundle airlock wrote for live sandbox `sid` of this tier, made
     runnable from outside it with `true` as its init (see the module doc)."""
@@ -78,9 +117,12 @@ def same_bundle(tmp, kind, sid):
         config = json.load(f)
     bundle = os.path.join(tmp, f"same-{kind}")
     root = os.path.join(bundle, "root")
-    os.makedirs(os.path.join(root, "bin"))
-    shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
-    os.symlink("busybox", os.path.join(root, "bin", "true"))
+    os.makedirs(root)
+    # The program the API cycle runs (the template's `true`, found in PATH
+    # as the agent finds it) and what its loader maps, at the same paths.
+    program = shutil.which("true", path=SANDBOX_PATH)
+    for path in [program] + loaded_by(program):
+        replicate(root, path)
     sources = os.path.join(bundle, "sources")
     os.makedirs(sources)
     for mount in config["mounts"]:
@@ -96,8 +138,15 @@ def same_bundle(tmp, kind, sid):
         elif source.startswith(here):
             mount["source"] = os.path.join(sources, name)
             shutil.copy(source, mount["source"])
+    # The gvisor tier's root preloads its statx shim (a bind of the
+    # bundle's): so does this one.
+    shim = [m["destination"] for m in config["mounts"] if m["destination"].endswith(".so")]
+    if shim:
+        os.makedirs(os.path.join(root, "etc"), exist_ok=True)
+        with open(os.path.join(root, "etc", "ld.so.preload"), "w") as f:
+            f.write("".join(f"{path}\n" for path in shim))
     config["root"] = {"path": root, "readonly": True}
-    config["process"].update({"args": ["/bin/true"], "env": [], "cwd": "/", "terminal": False})
+    config["process"].update({"args": [program], "env": [], "cwd": "/", "terminal": False})
     if config["linux"].get("cgroupsPath"):
         config["linux"]["cgroupsPath"] = "/airlock-bench-raw"
     with open(os.path.join(bundle, "config.json"), "w") as f:
@@ -108,21 +157,23 @@ def same_bundle(tmp, kind, sid):
     return bundle
 
 
-def raw_run(kind, bundle, n):
+def raw_command(kind, bundle):
     state = os.path.join(bundle, "state")
     if kind == "gvisor":
-        cmd = ["runsc", "--root", state, "--platform", "ptrace", "--network", "none",
-               "--ignore-cgroups", "run", "--bundle", bundle]
-    else:
-        cmd = ["runc", "--root", state, "run", "--bundle", bundle]
-    times = []
-    for i in range(n + 3):
-        t0 = time.monotonic()
-        subprocess.run(cmd + [f"raw-{i}"], check=True, stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if i >= 3:  # warm-up
-            times.append(time.monotonic() - t0)
-    return times
+        return ["runsc", "--root", state, "--platform", "ptrace", "--network", "none",
+                "--ignore-cgroups", "run", "--bundle", bundle]
+    return ["runc", "--root", state, "run", "--bundle", bundle]
+
+
+RAW_RUNS = itertools.count()  # container names, unique per run
+
+
+def raw_once(command):
+    """Seconds one raw run of the bundle took, as a fresh container."""
+    t0 = time.monotonic()
+    subprocess.run(command + [f"raw-{next(RAW_RUNS)}"], check=True, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - t0
 
 
 def pss_kib(sid):
@@ -176,14 +227,33 @@ def main():
                 sid = client.create({"tier": t})
                 client.exec_true(sid)
                 client.delete(sid)
+        same = {}
+        for k in ("gvisor", "oci"):
+            sid = client.create({"tier": k})
+            same[k] = raw_command(k, same_bundle(tmp, k, sid))
+            client.delete(sid)
+        minimal = {k: raw_command(k, raw_bundle(tmp, k)) for k in ("gvisor", "oci")}
+        for k in ("gvisor", "oci"):  # warm-up
+            for _ in range(3):
+                raw_once(same[k])
+                raw_once(minimal[k])
+        # A tier at a time (what one tier's teardown leaves running must
+        # not land on another's cycles), each raw run right after its
+        # tier's cycle through the API, so both see the same state of the
+        # machine (its noise moves over seconds).
         times = {t: [] for t in tiers}
-        for _ in range(args.n):
-            for t in tiers:
+        raw = {k: [] for k in same}
+        raw_minimal = {k: [] for k in same}
+        for t in tiers:
+            for _ in range(args.n):
                 t0 = time.monotonic()
                 sid = client.create({"tier": t})
                 client.exec_true(sid)
                 client.delete(sid)
                 times[t].append(time.monotonic() - t0)
+                if t in same:
+                    raw[t].append(raw_once(same[t]))
+                    raw_minimal[t].append(raw_once(minimal[t]))
         pooled = {t: [] for t in tiers}
         for t in tiers:
             put_pool(client, f"bench-{t}", {"template": "host", "tier": t,
@@ -203,13 +273,8 @@ def main():
                 pooled[t].append(time.monotonic() - t0)
         for t in tiers:
             drop_pool(client, f"bench-{t}")
-        same = {}
-        for k in ("gvisor", "oci"):
-            sid = client.create({"tier": k})
-            same[k] = same_bundle(tmp, k, sid)
-            client.delete(sid)
-        raw = {k: summary(raw_run(k, same[k], args.n)) for k in ("gvisor", "oci")}
-        minimal = {k: summary(raw_run(k, raw_bundle(tmp, k), args.n)) for k in ("gvisor", "oci")}
+        raw = {k: summary(v) for k, v in raw.items()}
+        minimal = {k: summary(v) for k, v in raw_minimal.items()}
         stats = {t: summary(v) for t, v in times.items()}
         pooled = {t: summary(v) for t, v in pooled.items()}
         work = {}

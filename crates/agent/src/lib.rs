@@ -66,6 +66,7 @@ mod failure;
 mod files;
 mod outbox;
 mod privileges;
+pub use privileges::narrow_bounding_set;
 mod process;
 mod reaper;
 pub mod restorable;

@@ -11,14 +11,16 @@
 //!    stdin, the terminal's slave side), which only a session leader without
 //!    one may do: so it comes right after `setsid`.
 //! 2. rlimits: `NOFILE` and `FSIZE` (soft = hard), `CORE` = 0.
-//! 3. identity (only when dropping privileges):
-//!    - `User`: drop every capability from the bounding set (this needs
-//!      `CAP_SETPCAP`, so it comes before the uid switch), `setgroups([1000])`,
-//!      `setresgid(1000 x3)`, `setresuid(1000 x3)`, clear the ambient set,
-//!      `capset` all zero.
-//!    - `Root`: drop from the bounding set everything but [`ROOT_KEEP`],
-//!      `setgroups([0])`, `setresgid/setresuid(0 x3)`, `capset` effective =
-//!      permitted = [`ROOT_KEEP`], inheritable = 0, clear the ambient set.
+//! 3. identity (only when dropping privileges): first the bounding set
+//!    loses what the identity must not keep (this needs `CAP_SETPCAP`, so
+//!    it comes before the uid switch; once the agent has narrowed its own
+//!    set to [`ROOT_KEEP`], [`narrow_bounding_set`], a `Root` child drops
+//!    nothing more and a `User` child only those), then:
+//!    - `User`: `setgroups([1000])`, `setresgid(1000 x3)`,
+//!      `setresuid(1000 x3)`, clear the ambient set, `capset` all zero.
+//!    - `Root`: `setgroups([0])`, `setresgid/setresuid(0 x3)`, `capset`
+//!      effective = permitted = [`ROOT_KEEP`], inheritable = 0, clear the
+//!      ambient set.
 //! 4. `chdir` to the working directory, as the new identity (so a user cannot
 //!    start inside a directory it could not enter).
 //! 5. `close_range(3, ~0, CLOSE_RANGE_CLOEXEC)`: every inherited descriptor
@@ -36,6 +38,8 @@ use rustix::process::{Gid, Resource, Rlimit, Uid};
 use rustix::thread::{CapabilitySet, CapabilitySets};
 use std::ffi::CString;
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// uid and gid of `Identity::User`.
 pub(crate) const USER_ID: u32 = 1000;
@@ -73,6 +77,86 @@ pub(crate) struct ChildSetup {
     /// Upper bound of descriptors to mark by hand when `close_range` is
     /// missing (kernels before 5.11).
     fd_scan_end: i32,
+    /// What the switch removes from the bounding set (less, once the agent
+    /// has narrowed its own: [`narrow_bounding_set`]).
+    bounding_drop: CapabilitySet,
+    /// The signals whose disposition is not the default in the agent.
+    signals: &'static [i32],
+}
+
+/// Set once the agent's bounding set holds no more than [`ROOT_KEEP`], in
+/// every thread it has (it was narrowed before the first one started).
+static BOUNDING_NARROWED: AtomicBool = AtomicBool::new(false);
+
+/// Narrows the agent's capability bounding set to [`ROOT_KEEP`]: no
+/// process it starts, as root or not, can ever hold another capability,
+/// and a child then drops only what its identity must not keep (the
+/// bounding set is per thread: a few `prctl`s per command instead of one
+/// per capability, each tens of microseconds under gVisor's ptrace
+/// platform). The agent's own capabilities stay as they are. Call it
+/// before any thread is started: with another thread running, it changes
+/// nothing and says so.
+pub fn narrow_bounding_set() -> io::Result<()> {
+    let threads = std::fs::read_dir("/proc/self/task")?.count();
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "the agent runs {threads} threads; the bounding set is per thread, so it is narrowed only before the first starts"
+        )));
+    }
+    drop_bounding_set(all_but(ROOT_KEEP))?;
+    BOUNDING_NARROWED.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Every capability but `keep`.
+fn all_but(keep: CapabilitySet) -> CapabilitySet {
+    CapabilitySet::from_bits_retain(!keep.bits())
+}
+
+/// The signals a child resets to their default before it execs: those the
+/// agent catches or ignores, read once (at its first command, after it
+/// set up its own). A handler installed after that would be reset by
+/// `execve` anyway; these are reset before the child unblocks signals, so
+/// none of the agent's handlers runs in a child, and an ignored signal (a
+/// daemon started under `nohup` ignores SIGHUP, and its sandboxes' init
+/// inherited that) does not stay ignored in the command.
+fn signals_to_reset() -> &'static [i32] {
+    static SIGNALS: OnceLock<Vec<i32>> = OnceLock::new();
+    SIGNALS.get_or_init(not_at_default)
+}
+
+/// The agent's own signals, whatever their state, and every other signal
+/// whose disposition is not the default now.
+fn not_at_default() -> Vec<i32> {
+    let mut signals = vec![libc::SIGPIPE, libc::SIGCHLD, libc::SIGTERM, libc::SIGINT];
+    for signal in 1..libc::SIGRTMIN() {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP || signals.contains(&signal) {
+            continue;
+        }
+        let mut old = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+        // SAFETY: with a null new action, sigaction only writes the
+        // current one into `old`, which lives across the call.
+        let read = unsafe { libc::sigaction(signal, std::ptr::null(), old.as_mut_ptr()) };
+        // SAFETY: zeroed is a valid sigaction, and on success it was
+        // filled in.
+        let handler = unsafe { old.assume_init() }.sa_sigaction;
+        // A signal whose disposition cannot be read is reset.
+        if read != 0 || handler != libc::SIG_DFL {
+            signals.push(signal);
+        }
+    }
+    signals
+}
+
+/// What a child of `switch` removes from its bounding set, given whether
+/// the agent's own was narrowed to [`ROOT_KEEP`].
+fn bounding_drop(switch: Switch, narrowed: bool) -> CapabilitySet {
+    match (switch, narrowed) {
+        (Switch::Keep, _) | (Switch::Root, true) => CapabilitySet::empty(),
+        (Switch::Root, false) => all_but(ROOT_KEEP),
+        (Switch::User, true) => ROOT_KEEP,
+        (Switch::User, false) => all_but(CapabilitySet::empty()),
+    }
 }
 
 impl ChildSetup {
@@ -101,6 +185,8 @@ impl ChildSetup {
             cwd,
             controlling_terminal: false,
             fd_scan_end: i32::try_from(open_limit.min(1 << 16)).unwrap_or(1 << 16),
+            bounding_drop: bounding_drop(switch, BOUNDING_NARROWED.load(Ordering::SeqCst)),
+            signals: signals_to_reset(),
         }
     }
 
@@ -114,14 +200,9 @@ impl ChildSetup {
     /// Runs in the forked child, before `exec`. Async-signal-safe: only raw
     /// system calls on values computed before the fork.
     pub(crate) fn apply(&self) -> io::Result<()> {
-        // Signals ignored where the agent came from (a daemon started under
-        // `nohup` ignores SIGHUP, and its sandboxes' init inherited that)
-        // stay ignored across exec: a command starts with every signal at
-        // its default, as from a login, so a terminal's hangup ends it.
-        for signal in 1..libc::SIGRTMIN() {
-            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
-                continue;
-            }
+        // A command starts with every signal at its default, as from a
+        // login, so a terminal's hangup ends it (see `signals_to_reset`).
+        for &signal in self.signals {
             // SAFETY: signal(2) with SIG_DFL installs no handler and reads
             // no memory of ours; a number it does not take gives EINVAL,
             // which is ignored.
@@ -160,6 +241,7 @@ impl ChildSetup {
                 maximum: Some(0),
             },
         )?;
+        drop_bounding_set(self.bounding_drop)?;
         match self.switch {
             Switch::Keep => {}
             Switch::User => become_user()?,
@@ -180,11 +262,12 @@ fn clamp(resource: Resource, requested: u64) -> Option<u64> {
     (value != u64::MAX).then_some(value)
 }
 
-/// Drops every capability but `keep` from the bounding set.
-fn drop_bounding_set(keep: CapabilitySet) -> io::Result<()> {
+/// Drops the capabilities in `drop` from the bounding set (this needs
+/// `CAP_SETPCAP`, so it comes before a uid switch).
+fn drop_bounding_set(drop: CapabilitySet) -> io::Result<()> {
     for bit in 0..64u32 {
         let capability = CapabilitySet::from_bits_retain(1u64 << bit);
-        if keep.contains(capability) {
+        if !drop.contains(capability) {
             continue;
         }
         match rustix::thread::remove_capability_from_bounding_set(capability) {
@@ -207,7 +290,6 @@ fn clear_ambient() -> io::Result<()> {
 }
 
 fn become_user() -> io::Result<()> {
-    drop_bounding_set(CapabilitySet::empty())?;
     let gid = Gid::from_raw_unchecked(USER_ID);
     let uid = Uid::from_raw_unchecked(USER_ID);
     rustix::thread::set_thread_groups(&[gid])?;
@@ -226,7 +308,6 @@ fn become_user() -> io::Result<()> {
 }
 
 fn become_root() -> io::Result<()> {
-    drop_bounding_set(ROOT_KEEP)?;
     rustix::thread::set_thread_groups(&[Gid::ROOT])?;
     rustix::thread::set_thread_res_gid(Gid::ROOT, Gid::ROOT, Gid::ROOT)?;
     rustix::thread::set_thread_res_uid(Uid::ROOT, Uid::ROOT, Uid::ROOT)?;
@@ -387,6 +468,46 @@ mod tests {
         assert!(ROOT_KEEP.contains(CapabilitySet::NET_BIND_SERVICE));
         assert!(!ROOT_KEEP.contains(CapabilitySet::SYS_ADMIN));
         assert!(!ROOT_KEEP.contains(CapabilitySet::SETPCAP));
+    }
+
+    #[test]
+    fn a_child_ends_with_its_identitys_bounding_set_narrowed_or_not() {
+        // What the child keeps: the agent's set (all, or ROOT_KEEP once
+        // narrowed) less what it drops.
+        for narrowed in [false, true] {
+            let agent = if narrowed {
+                ROOT_KEEP
+            } else {
+                all_but(CapabilitySet::empty())
+            };
+            let kept = |switch| agent.difference(bounding_drop(switch, narrowed));
+            assert_eq!(kept(Switch::Root), ROOT_KEEP, "narrowed: {narrowed}");
+            assert_eq!(
+                kept(Switch::User),
+                CapabilitySet::empty(),
+                "narrowed: {narrowed}"
+            );
+            assert_eq!(kept(Switch::Keep), agent, "narrowed: {narrowed}");
+        }
+    }
+
+    #[test]
+    fn every_signal_off_its_default_is_reset() {
+        let set = |handler| {
+            // SAFETY: SIGUSR2 is no one's in this test binary; SIG_IGN and
+            // SIG_DFL install no handler.
+            unsafe { libc::signal(libc::SIGUSR2, handler) };
+        };
+        set(libc::SIG_IGN);
+        let ignored = not_at_default();
+        set(libc::SIG_DFL);
+        let default = not_at_default();
+        assert!(ignored.contains(&libc::SIGUSR2), "{ignored:?}");
+        assert!(!default.contains(&libc::SIGUSR2), "{default:?}");
+        for own in [libc::SIGPIPE, libc::SIGCHLD, libc::SIGTERM, libc::SIGINT] {
+            assert!(default.contains(&own), "{own} missing from {default:?}");
+        }
+        assert!(!default.contains(&libc::SIGKILL) && !default.contains(&libc::SIGSTOP));
     }
 
     #[test]

@@ -53,6 +53,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_INTERNAL);
         }
     }
+    // Before any thread starts (the bounding set is per thread). Where it
+    // cannot be narrowed, each command drops the whole set itself.
+    let _ = airlock_agent::narrow_bounding_set();
     let on_stdin = fd == 0;
     let fd = if on_stdin {
         match channel_off_stdin() {
