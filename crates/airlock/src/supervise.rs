@@ -186,6 +186,14 @@ pub fn main(args: SuperviseArgs) -> ExitCode {
         Ok(spec) => spec,
         Err(e) => return fail(format!("the spec is not valid: {e}"), true),
     };
+    // A spare prepared in the background; what it launches runs in the
+    // foreground (every process of the sandbox inherits this policy).
+    if let Err(e) = airlock_jail::priority::set_background(0, false) {
+        return fail(
+            format!("cannot leave the background priority it was prepared at: {e}"),
+            false,
+        );
+    }
     // The spec's timeout from now holds until the daemon says otherwise.
     let launched_ms = deadline::now_ms();
     let first_deadline =

@@ -781,3 +781,81 @@ fn a_sandbox_that_pauses_at_its_timeout_is_paused_and_woken_by_its_own_traffic()
     assert_eq!(state(&e2b_id), "running");
     daemon.delete_all();
 }
+
+/// Whether any thread of process `pid` runs under `SCHED_IDLE`.
+fn in_the_background(pid: u32) -> bool {
+    let tasks =
+        std::fs::read_dir(format!("/proc/{pid}/task")).unwrap_or_else(|e| panic!("{pid}: {e}"));
+    tasks.flatten().any(|task| {
+        let tid: i32 = task.file_name().to_string_lossy().parse().unwrap();
+        // SAFETY: sched_getscheduler takes no pointers.
+        unsafe { libc::sched_getscheduler(tid) == libc::SCHED_IDLE }
+    })
+}
+
+/// A spare supervisor prepares in the background (`SCHED_IDLE`, so it
+/// never slows the creates running meanwhile); the sandbox that claims it
+/// runs in the foreground, its supervisor, runtime and every process.
+#[test]
+fn spares_prepare_in_the_background_and_their_sandboxes_run_in_the_foreground() {
+    let _serial = serial();
+    let daemon = TestDaemon::start(&[]);
+    let delete = |id: &str| {
+        let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+        assert!(deleted.status < 300, "{}", deleted.text());
+        assert_sandbox_gone(id);
+    };
+    for tier in ["process", "oci", "gvisor"] {
+        // A first create starts that tier's spare for its kind of sandbox.
+        let first = daemon.create(json!({"tier": tier}));
+        delete(first["id"].as_str().unwrap());
+        let is_spare_of = |pid: u32| {
+            let line = cmdline(pid);
+            match tier {
+                "process" => !line.contains("--tier"),
+                _ => line.contains(&format!("--tier {tier}")),
+            }
+        };
+        let started = std::time::Instant::now();
+        let spares = loop {
+            let spares: Vec<u32> = supervisors("")
+                .into_iter()
+                .filter(|p| is_spare_of(*p))
+                .collect();
+            if !spares.is_empty() {
+                break spares;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "no {tier} spare"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for spare in &spares {
+            assert!(
+                in_the_background(*spare),
+                "{tier}: spare {spare} ({}) is not in the background",
+                cmdline(*spare)
+            );
+        }
+        let created = daemon.create(json!({"tier": tier}));
+        let id = created["id"].as_str().unwrap().to_owned();
+        let (out, code) = daemon.sh_out(&id, "echo up");
+        assert_eq!((out.as_str(), code), ("up\n", 0), "{tier}");
+        let supervisor = supervisors(&id);
+        assert!(
+            supervisor.len() == 1 && spares.contains(&supervisor[0]),
+            "{tier}: the sandbox ({supervisor:?}) claimed none of the spares {spares:?}"
+        );
+        let pids: Vec<u32> = supervisor.into_iter().chain(cgroup_pids(&id)).collect();
+        assert!(pids.len() > 1, "{tier}: {pids:?}");
+        for pid in pids {
+            assert!(
+                !in_the_background(pid),
+                "{tier}: {pid} ({}) of a claimed sandbox runs in the background",
+                cmdline(pid)
+            );
+        }
+        delete(&id);
+    }
+}

@@ -19,6 +19,7 @@ pub mod landlock;
 pub mod launch;
 pub mod net;
 mod offline_net;
+pub mod priority;
 pub mod rootfs;
 pub mod runtime;
 pub mod seccomp;

@@ -265,9 +265,16 @@ impl ProcessBackend {
             if lock(&spares).slot(kind).is_some() {
                 return;
             }
-            let Ok(child) =
-                spawn_supervisor(&exe, &owner, &runner, &id, &socket, kind, disk.as_deref())
-            else {
+            let Ok(child) = spawn_supervisor(
+                &exe,
+                &owner,
+                &runner,
+                &id,
+                &socket,
+                kind,
+                disk.as_deref(),
+                true,
+            ) else {
                 return;
             };
             let spare = Spare { id, child };
@@ -549,7 +556,11 @@ fn lock(spares: &Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
 }
 
 /// Starts `airlock supervise` for sandbox `id`; it prepares what `kind`
-/// says, then waits for its spec.
+/// says, then waits for its spec. A spare (`ahead`) prepares in the
+/// background (`SCHED_IDLE`, from before its exec), yielding to the creates
+/// running meanwhile; the spec puts it back under the normal policy before
+/// it launches anything.
+#[allow(clippy::too_many_arguments)]
 fn spawn_supervisor(
     exe: &Path,
     owner: &str,
@@ -558,8 +569,18 @@ fn spawn_supervisor(
     socket: &Path,
     kind: SpareKind,
     disk: Option<&Path>,
+    ahead: bool,
 ) -> Result<std::process::Child, CreateError> {
     let mut command = Command::new(exe);
+    if ahead {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: runs in the forked child before exec, where only
+        // async-signal-safe calls are allowed: `set_background` is one
+        // system call and touches no memory but its own stack.
+        unsafe {
+            command.pre_exec(|| airlock_jail::priority::set_background(0, true));
+        }
+    }
     if kind == SpareKind::Networked {
         command.arg("supervise").arg("--network");
     } else {
@@ -632,6 +653,10 @@ fn launch_with(
     let pid = child.id();
     let pidfd = Pid::from_raw(pid as i32)
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
+    // A spare still preparing in the background finishes at the create's
+    // priority (it puts itself back too, once it has the spec; a failure
+    // here is that one's to report).
+    let _ = airlock_jail::priority::set_background(pid as i32, false);
     let fed = child
         .stdin
         .take()
@@ -851,6 +876,7 @@ impl Backend for ProcessBackend {
                     &owned_socket,
                     SpareKind::Plain,
                     disk.as_deref(),
+                    false,
                 )
             };
             let launched = match spare {
