@@ -859,3 +859,98 @@ fn spares_prepare_in_the_background_and_their_sandboxes_run_in_the_foreground() 
         delete(&id);
     }
 }
+
+/// Who holds the host end of the connections to `port` in the network
+/// namespace of `pid` (`ss`'s process column, one line per connection).
+fn port_clients(pid: u32, port: u16) -> String {
+    let out = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &pid.to_string(),
+            "-n",
+            "ss",
+            "-tnpH",
+            "state",
+            "established",
+        ])
+        .arg(format!("( dport = :{port} )"))
+        .output()
+        .expect("nsenter and ss (util-linux, iproute2)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An HTTP/1.1 server (it keeps connections alive) on 127.0.0.1, port argv[1].
+const KEPT_ALIVE_SERVER: &str = "import http.server as h, sys
+h.SimpleHTTPRequestHandler.protocol_version = 'HTTP/1.1'
+h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), h.SimpleHTTPRequestHandler).serve_forever()";
+
+/// On the tiers whose loopback is in a network namespace of the host's
+/// kernel (`process`, `oci`), the daemon dials a sandbox's ports there
+/// itself, with network `none` and with network alike; on `gvisor`, whose
+/// netstack holds its loopback, the agent does, inside.
+#[test]
+fn the_daemon_dials_ports_in_the_sandboxs_namespace_where_the_tier_allows() {
+    let _serial = serial();
+    let mut daemon = TestDaemon::start(&[]);
+    let port = 8123;
+    for tier in ["process", "oci", "gvisor"] {
+        for network in [json!(null), json!({"mode": "open"})] {
+            let created = daemon.create(json!({"tier": tier, "network": network}));
+            let id = created["id"].as_str().unwrap().to_owned();
+            let started = daemon.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(
+                    json!({"cmd": "python3", "args": ["-c", KEPT_ALIVE_SERVER, port.to_string()],
+                            "cwd": "/tmp", "background": true}),
+                ),
+            );
+            assert_eq!(started.status, 201, "{}", started.text());
+            let path = format!("/v1/sandboxes/{id}/ports/{port}/");
+            assert!(
+                TestDaemon::wait_for(Duration::from_secs(30), || {
+                    daemon.call("GET", &path, None).status == 200
+                }),
+                "{tier}: the server never answered"
+            );
+            // The pool keeps the connection it used: who holds its end?
+            let inside = cgroup_pids(&id)
+                .into_iter()
+                .find(|p| cmdline(*p).contains("ThreadingHTTPServer"));
+            let clients = match tier {
+                "gvisor" => cgroup_pids(&id)[0],
+                _ => inside.unwrap_or_else(|| panic!("{tier}: no server process")),
+            };
+            let held = port_clients(clients, port);
+            let by_daemon = held.contains(&format!("pid={},", daemon.pid()));
+            if tier == "gvisor" {
+                assert!(!by_daemon, "{tier}: {held}");
+            } else {
+                assert!(
+                    by_daemon,
+                    "{tier} {network}: the daemon holds none of: {held:?}"
+                );
+                assert!(!held.contains("airlock-agent"), "{tier}: {held}");
+            }
+            if tier != "gvisor" && network.is_null() {
+                // A daemon killed with -9 adopts the sandbox, and its next
+                // connections are its own again.
+                daemon.restart();
+                let get = daemon.call("GET", &path, None);
+                assert_eq!(get.status, 200, "{tier}: {}", get.text());
+                let held = port_clients(clients, port);
+                assert!(
+                    held.contains(&format!("pid={},", daemon.pid())),
+                    "{tier}, adopted: the daemon holds none of: {held:?}"
+                );
+            }
+            let deleted = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+            assert!(deleted.status < 300, "{}", deleted.text());
+        }
+    }
+}

@@ -21,8 +21,9 @@
 //! may use it (`X-API-Key`, or a bearer API key). The credential is taken
 //! off the request before it goes in, so nothing inside ever sees it.
 //!
-//! **Reach.** The connection is opened by the sandbox's agent on the
-//! sandbox's own loopback ([`airlock_daemon::Daemon::open_port`]): a
+//! **Reach.** The connection is opened on the sandbox's own loopback
+//! ([`airlock_daemon::Daemon::open_port`]: by the daemon in the sandbox's
+//! network namespace where its tier says so, else by its agent): a
 //! request reaches that sandbox's ports and nothing else, not the host's,
 //! not another sandbox's, whatever its network policy (a sandbox with
 //! network `none` serves its ports too).
@@ -36,7 +37,7 @@
 use crate::dialect::{Audited, Dialect};
 use crate::error::ApiError;
 use crate::{is_sandbox_id, Api};
-use airlock_protocol::tunnel::TunnelStream;
+use airlock_daemon::PortStream;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
@@ -111,7 +112,7 @@ impl tower::Service<Uri> for Tunnels {
 }
 
 /// One connection to a sandbox's port, as the pool holds it.
-struct Tunnel(TokioIo<TunnelStream>);
+struct Tunnel(TokioIo<PortStream>);
 
 impl Connection for Tunnel {
     fn connected(&self) -> Connected {

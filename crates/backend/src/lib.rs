@@ -89,6 +89,33 @@ pub enum EgressPoint {
     Netns(std::path::PathBuf),
 }
 
+/// Where the ports a sandbox's processes listen on on its loopback can be
+/// dialled from the host directly, without its agent (which every tier can
+/// do, more slowly: its `connect`). The tier says; `None` in [`Instance`]
+/// when its loopback is not the host kernel's (gVisor's netstack).
+#[derive(Debug)]
+pub enum PortsPoint {
+    /// A network namespace of the host's kernel, opened while the sandbox
+    /// was known to be alive. A VM's vsock will sit beside it.
+    Netns(airlock_jail::loopback::LoopbackNamespace),
+}
+
+pub use airlock_jail::loopback::DialError;
+
+impl PortsPoint {
+    /// Connects to `port` on the sandbox's loopback within `timeout`
+    /// (blocking).
+    pub fn dial(
+        &self,
+        port: u16,
+        timeout: std::time::Duration,
+    ) -> Result<std::net::TcpStream, DialError> {
+        match self {
+            PortsPoint::Netns(namespace) => namespace.dial(port, timeout),
+        }
+    }
+}
+
 /// A running sandbox, as [`Backend::create`] or [`Backend::adopt`] hand it over.
 pub struct Instance {
     /// The multiplexed connection to its agent.
@@ -100,6 +127,8 @@ pub struct Instance {
     /// Where its traffic leaves it; `None` when the tier cannot say (it
     /// then gets no egress path, so no network).
     pub egress: Option<EgressPoint>,
+    /// Where its ports can be dialled directly; `None`: through the agent.
+    pub ports: Option<PortsPoint>,
 }
 
 /// Usage figures of a live sandbox.

@@ -52,6 +52,7 @@ pub use airlock_backend::PauseMode;
 pub use audit::{Audit, AuditLimits};
 pub use exec::{Attached, ExitInfo, Output, ProcessHub, ProcessView};
 pub use metrics::Metrics;
+pub use ports::PortStream;
 
 /// The store, shared by the daemon's tasks (it is `Send`, not `Sync`).
 pub type SharedStore = Arc<Mutex<Store>>;
@@ -363,6 +364,8 @@ pub struct LiveSandbox {
     teardown: tokio::sync::Mutex<()>,
     /// Connections to its ports from outside; a pause closes them.
     tunnels: airlock_protocol::tunnel::Registry,
+    /// Where its ports can be dialled directly (else through its agent).
+    ports: Option<Arc<airlock_backend::PortsPoint>>,
 }
 
 impl LiveSandbox {
@@ -388,6 +391,7 @@ impl LiveSandbox {
             egress: Mutex::new(None),
             teardown: tokio::sync::Mutex::new(()),
             tunnels: airlock_protocol::tunnel::Registry::default(),
+            ports: instance.ports.map(Arc::new),
         });
         (sandbox, instance.ended)
     }

@@ -123,6 +123,7 @@ impl Backend for LockingTier {
                 ending.unwrap_or(Ending::Unknown)
             }),
             egress: None,
+            ports: None,
         })
     }
     async fn adopt(&self, _: &str, _: &Resources) -> Result<Instance, AdoptError> {

@@ -17,6 +17,7 @@ pub mod disk;
 pub mod kernel;
 pub mod landlock;
 pub mod launch;
+pub mod loopback;
 pub mod net;
 mod offline_net;
 pub mod priority;

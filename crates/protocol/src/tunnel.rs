@@ -62,6 +62,23 @@ struct Entry {
     key: u64,
 }
 
+/// A connection's place in the registry for one carried outside the
+/// agent ([`Registry::hold`]); dropping it takes it out.
+pub struct Held {
+    _entry: Entry,
+    /// Fires when the registry closes its connections (an error: it was
+    /// taken out first); its owner must then close the connection.
+    pub closing: Option<oneshot::Receiver<()>>,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held")
+            .field("key", &self._entry.key)
+            .finish()
+    }
+}
+
 impl Drop for Entry {
     fn drop(&mut self) {
         {
@@ -95,6 +112,17 @@ impl Registry {
             },
             rx,
         )
+    }
+
+    /// Enters a connection carried outside the agent (dialled directly on
+    /// the sandbox's loopback by the host): [`Registry::close_all`] fires
+    /// its [`Held::closing`], and waits until the `Held` is dropped.
+    pub fn hold(&self) -> Held {
+        let (entry, closing) = self.enter();
+        Held {
+            _entry: entry,
+            closing: Some(closing),
+        }
     }
 
     /// How many connections are open.

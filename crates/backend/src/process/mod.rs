@@ -23,8 +23,8 @@ pub mod deadline;
 
 use crate::{
     AdoptError, Backend, CreateError, DeadlineError, DestroyError, EgressPoint, Ended, Ending,
-    ExportError, Instance, PauseMode, Reconciled, Resources, StateError, Supervised, Unavailable,
-    Usage,
+    ExportError, Instance, PauseMode, PortsPoint, Reconciled, Resources, StateError, Supervised,
+    Unavailable, Usage,
 };
 use airlock_jail::cgroup::{CgroupLayout, SandboxCgroup};
 use airlock_jail::disk::DiskStore;
@@ -414,6 +414,33 @@ impl ProcessBackend {
         Ok(cgroup)
     }
 
+    /// Where the ports of live sandbox `id` can be dialled: the network
+    /// namespace of its init (the process of its cgroup whose parent is
+    /// outside it: no process inside can become that, so a namespace one
+    /// made for itself is never taken), still in the cgroup once the
+    /// namespace is open (so a pid used again meanwhile is never taken),
+    /// on the tiers whose loopback is the host kernel's: `process` and
+    /// `oci`, not `gvisor` (whose netstack holds its loopback).
+    fn ports_point(&self, id: &str) -> Option<PortsPoint> {
+        if let Runner::Oci(runtime) = &self.runner {
+            if runtime.kind == airlock_oci::Kind::Gvisor {
+                return None;
+            }
+        }
+        let cgroup = self.cgroup_of(id).ok()?;
+        let pids = cgroup.pids();
+        let init = pids
+            .iter()
+            .copied()
+            .find(|pid| parent_of(*pid).is_some_and(|parent| !pids.contains(&parent)))?;
+        let namespace =
+            airlock_jail::loopback::LoopbackNamespace::of_process(u32::try_from(init).ok()?)?;
+        cgroup
+            .pids()
+            .contains(&init)
+            .then_some(PortsPoint::Netns(namespace))
+    }
+
     /// Removes what a dead sandbox may have left: its cgroup and its socket.
     fn remove_leftovers(&self, id: &str) -> Result<(), String> {
         let mut left = Vec::new();
@@ -615,6 +642,15 @@ fn spawn_supervisor(
 
 /// Hands a started supervisor its spec and waits for its one-line answer
 /// (blocking).
+/// The parent of process `pid` (`/proc/PID/stat`'s fourth field).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (second field) may hold spaces and parentheses:
+    // the fields after it start after its last ')'.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// The network namespace of a sandbox: its supervisor's (see
 /// `airlock_jail::net`).
 fn netns_of(supervisor_pid: u32) -> EgressPoint {
@@ -905,6 +941,7 @@ impl Backend for ProcessBackend {
                 resources,
                 ended,
                 egress: Some(netns_of(pid)),
+                ports: self.ports_point(id),
             }),
             Err(e) => {
                 let _ = self.destroy(id, Some(&resources)).await;
@@ -936,6 +973,7 @@ impl Backend for ProcessBackend {
                     resources: resources.clone(),
                     ended,
                     egress: Some(netns_of(pid)),
+                    ports: self.ports_point(id),
                 })
             }
             // It ended meanwhile (or was ending: its socket is the last
