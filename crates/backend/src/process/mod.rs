@@ -690,9 +690,9 @@ fn launch_with(
     let pidfd = Pid::from_raw(pid as i32)
         .and_then(|p| rustix::process::pidfd_open(p, PidfdFlags::empty()).ok());
     // A spare still preparing in the background finishes at the create's
-    // priority (it puts itself back too, once it has the spec; a failure
-    // here is that one's to report).
-    let _ = airlock_jail::priority::set_background(pid as i32, false);
+    // priority, with the setup programs it waits for (it puts itself back
+    // too, once it has the spec; a failure here is that one's to report).
+    let _ = airlock_jail::priority::set_tree_foreground(pid);
     let fed = child
         .stdin
         .take()
