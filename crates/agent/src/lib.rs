@@ -118,6 +118,29 @@ pub enum AgentError {
     Protocol(#[source] airlock_protocol::FrameError),
 }
 
+/// The agent's stream to the host.
+#[derive(Debug)]
+pub enum Channel {
+    /// A socket the agent reads and writes itself (the process and oci
+    /// tiers).
+    Socket(UnixStream),
+    /// A channel served by blocking threads
+    /// ([`restorable::through_threads`]; the gvisor tier).
+    Threaded(restorable::Threaded),
+}
+
+impl From<UnixStream> for Channel {
+    fn from(socket: UnixStream) -> Self {
+        Channel::Socket(socket)
+    }
+}
+
+impl From<restorable::Threaded> for Channel {
+    fn from(threaded: restorable::Threaded) -> Self {
+        Channel::Threaded(threaded)
+    }
+}
+
 /// Serves requests on `channel` until the host closes it; then kills every
 /// process it started and returns.
 ///
@@ -125,7 +148,8 @@ pub enum AgentError {
 /// error), or, when the agent is PID 1, after `SIGTERM`/`SIGINT` and a
 /// graceful stop of all processes. Returns [`AgentError::Protocol`] when the
 /// host sent an oversized frame (after the same cleanup).
-pub fn serve(config: AgentConfig, channel: UnixStream) -> Result<(), AgentError> {
+pub fn serve(config: AgentConfig, channel: impl Into<Channel>) -> Result<(), AgentError> {
+    let channel = channel.into();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(4)

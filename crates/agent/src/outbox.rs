@@ -7,8 +7,9 @@
 //! producing process through its full pipe.
 
 use crate::failure::Failure;
-use airlock_protocol::{write_frame, ErrorKind, Event, Frame, FrameError};
-use tokio::io::AsyncWrite;
+use airlock_protocol::{encode, ErrorKind, Event, Frame};
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 /// Frames that may wait for the writer.
@@ -78,35 +79,49 @@ impl Outbox {
     }
 }
 
+/// Where the writer task puts encoded frames: the channel itself, or the
+/// thread that writes it ([`crate::restorable`]).
+#[derive(Debug)]
+pub(crate) enum Sink {
+    Socket(OwnedWriteHalf),
+    Thread(mpsc::Sender<Vec<u8>>),
+}
+
+impl Sink {
+    /// Puts one whole frame on its way; an error means the host is gone.
+    async fn put(&mut self, frame: Vec<u8>) -> Result<(), ()> {
+        match self {
+            Sink::Socket(socket) => socket.write_all(&frame).await.map_err(drop),
+            Sink::Thread(queue) => queue.send(frame).await.map_err(drop),
+        }
+    }
+}
+
 /// Writes queued frames to the host until the queue closes or the stream
 /// fails. An answer too large for one frame (a huge directory listing) is
-/// replaced by an error with the same id, so the request still ends.
-pub(crate) async fn write_loop<W>(mut writer: W, mut rx: mpsc::Receiver<Frame<Event>>)
-where
-    W: AsyncWrite + Unpin,
-{
+/// replaced by an error with the same id, so the request still ends. Each
+/// frame goes out as one buffer (one write where the socket takes it).
+pub(crate) async fn write_loop(mut sink: Sink, mut rx: mpsc::Receiver<Frame<Event>>) {
     while let Some(frame) = rx.recv().await {
-        match write_frame(&mut writer, &frame).await {
-            Ok(()) => {}
-            // Encoding happens before any byte is written, so the stream is
-            // still in step.
-            Err(
-                FrameError::HeaderTooLarge(_)
-                | FrameError::PayloadTooLarge(_)
-                | FrameError::Encode(_),
-            ) => {
-                if frame.msg.is_final() {
-                    let replacement = Frame::new(
-                        frame.id,
-                        Failure::new(ErrorKind::Io, "the answer is too large for one frame")
-                            .into_event(),
-                    );
-                    if write_frame(&mut writer, &replacement).await.is_err() {
-                        return;
-                    }
+        // Encoding happens before any byte is written, so the stream is
+        // still in step when it fails.
+        let bytes = match encode(&frame) {
+            Ok(bytes) => bytes,
+            Err(_) if frame.msg.is_final() => {
+                let replacement = Frame::new(
+                    frame.id,
+                    Failure::new(ErrorKind::Io, "the answer is too large for one frame")
+                        .into_event(),
+                );
+                match encode(&replacement) {
+                    Ok(bytes) => bytes,
+                    Err(_) => continue,
                 }
             }
-            Err(_) => return,
+            Err(_) => continue,
+        };
+        if sink.put(bytes).await.is_err() {
+            return;
         }
     }
 }

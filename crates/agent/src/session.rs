@@ -8,17 +8,18 @@
 
 use crate::failure::Failure;
 use crate::files::{Files, WriteMsg, WriteTarget};
-use crate::outbox::{self, Outbox};
+use crate::outbox::{self, Outbox, Sink};
 use crate::process::{Processes, WaitOutcome};
 use crate::reaper::{self, Reaper};
 use crate::tunnel::{TunnelMsg, Tunnels};
 use crate::watch::{WatchOptions, Watches};
-use crate::{AgentConfig, AgentError};
+use crate::{AgentConfig, AgentError, Channel};
 use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, Versions};
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use tokio::io::BufReader;
+use tokio::net::unix::OwnedReadHalf;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -78,7 +79,7 @@ async fn terminated(signals: &mut Option<(Signal, Signal)>) {
 }
 
 /// Serves one stream; see [`crate::serve`].
-pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), AgentError> {
+pub(crate) async fn run(config: AgentConfig, channel: Channel) -> Result<(), AgentError> {
     let pid1 = std::process::id() == 1;
     if config.drop_privileges {
         // Sandboxed code (even its root) must not ptrace the agent or read
@@ -88,9 +89,17 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
     }
     ignore_sigpipe();
 
-    channel.set_nonblocking(true).map_err(AgentError::Channel)?;
-    let stream = tokio::net::UnixStream::from_std(channel).map_err(AgentError::Channel)?;
-    let (read_half, write_half) = stream.into_split();
+    let (read_half, sink) = match channel {
+        Channel::Socket(socket) => {
+            let (read_half, write_half) = tokio_halves(socket)?;
+            (read_half, Sink::Socket(write_half))
+        }
+        Channel::Threaded(threaded) => {
+            // The pair's way back is not used: frames go to the thread.
+            let (read_half, _) = tokio_halves(threaded.input)?;
+            (read_half, Sink::Thread(threaded.output))
+        }
+    };
     let sigchld = signal(SignalKind::child()).map_err(AgentError::Signals)?;
     let mut term_signals = if pid1 {
         Some((
@@ -103,7 +112,7 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
 
     let config = Arc::new(config);
     let (outbox, queue) = Outbox::new();
-    let writer = tokio::spawn(outbox::write_loop(write_half, queue));
+    let writer = tokio::spawn(outbox::write_loop(sink, queue));
     let reaper = Arc::new(Reaper::new(pid1));
     let reaper_task = tokio::spawn(reaper::run(Arc::clone(&reaper), Some(sigchld)));
     let keepalive_task = (!config.keepalive.is_zero()).then(|| {
@@ -180,6 +189,15 @@ pub(crate) async fn run(config: AgentConfig, channel: UnixStream) -> Result<(), 
         Stop::Corrupt(error) => Err(AgentError::Protocol(error)),
         Stop::Closed | Stop::Terminated => Ok(()),
     }
+}
+
+/// `socket` as the runtime's, split into its two directions.
+fn tokio_halves(
+    socket: UnixStream,
+) -> Result<(OwnedReadHalf, tokio::net::unix::OwnedWriteHalf), AgentError> {
+    socket.set_nonblocking(true).map_err(AgentError::Channel)?;
+    let stream = tokio::net::UnixStream::from_std(socket).map_err(AgentError::Channel)?;
+    Ok(stream.into_split())
 }
 
 impl Session {

@@ -70,19 +70,21 @@ fn main() -> ExitCode {
     };
     // SAFETY: the tier placed the host channel on `fd` (or it was moved
     // there from stdin above) and nothing else in this process owns it.
-    let mut channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    let channel = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
     // On stdin, the channel is gVisor's, whose sandboxes may be
     // checkpointed and restored: it is served through blocking threads
     // (see `airlock_agent::restorable`).
-    if on_stdin {
-        channel = match airlock_agent::restorable::through_threads(channel) {
-            Ok(channel) => channel,
+    let channel = if on_stdin {
+        match airlock_agent::restorable::through_threads(channel) {
+            Ok(threaded) => airlock_agent::Channel::from(threaded),
             Err(e) => {
                 eprintln!("airlock-agent: cannot set up the channel's threads: {e}");
                 return ExitCode::from(EXIT_INTERNAL);
             }
-        };
-    }
+        }
+    } else {
+        airlock_agent::Channel::from(channel)
+    };
     let config = airlock_agent::AgentConfig {
         keepalive: std::time::Duration::from_secs(10),
         drop_privileges: true,
