@@ -784,18 +784,22 @@ impl Container {
         let mut members =
             std::mem::take(&mut *self.killed.lock().unwrap_or_else(|p| p.into_inner()));
         members.extend(self.cgroup.pids());
+        // `runc run` would only reap the killed init, remove its cgroups
+        // and state and exit: all of which this teardown does itself (the
+        // init, reparented to this subreaper, is reaped below), so it is
+        // killed at once, and dies while the sandbox's processes do.
+        if self.runtime.kind == Kind::Runc {
+            if let Some(child) = self.child.as_mut() {
+                let _ = child.kill();
+            }
+        }
         if self.cgroup.kill_all(Duration::from_secs(10)).is_err() {
             left.push("processes");
         }
         if let Some(mut child) = self.child.take() {
             match self.runtime.kind {
-                // `runc run` would only reap the killed init, remove its
-                // cgroups and state and exit: all of which this teardown
-                // does itself (the init, reparented to this subreaper, is
-                // reaped below), so it is killed at once instead of waited
-                // for (a millisecond and more of every destroy).
+                // Killed above.
                 Kind::Runc => {
-                    let _ = child.kill();
                     let _ = child.wait();
                 }
                 // runsc takes down its sandbox and gofer processes as it

@@ -256,40 +256,52 @@ impl ProcessBackend {
         let runner = self.runner.clone();
         let id = airlock_jail::launch::new_sandbox_id();
         let socket = self.socket_of(&id);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         // The lock is not held while the spare starts: a create must not
-        // wait for the spare of the other kind.
-        runtime.spawn_blocking(move || {
-            if lock(&spares).slot(kind).is_some() {
-                return;
-            }
-            let Ok(child) = spawn_supervisor(
-                &exe,
-                &owner,
-                &runner,
-                &id,
-                &socket,
-                kind,
-                disk.as_deref(),
-                true,
-            ) else {
-                return;
-            };
-            let spare = Spare { id, child };
-            let surplus = match lock(&spares).slot(kind) {
-                slot @ None => {
-                    *slot = Some(spare);
-                    None
+        // wait for the spare of the other kind. The spare starts from a
+        // thread of its own under `SCHED_IDLE`, which the child inherits
+        // from its first instruction; no code runs between fork and exec,
+        // so the spawn is a vfork-style one: a fork would copy the
+        // daemon's page tables and hold its memory map locked while the
+        // create that asked for the refill runs (0.8 ms of each create
+        // measured on two cores), and leave every page the daemon writes
+        // next to be copied until the exec.
+        let started = std::thread::Builder::new()
+            .name("spare-start".into())
+            .spawn(move || {
+                if lock(&spares).slot(kind).is_some() {
+                    return;
                 }
-                // Another refill was quicker.
-                Some(_) => Some(spare),
-            };
-            if let Some(surplus) = surplus {
-                ProcessBackend::discard(surplus);
-            }
-        });
+                if airlock_jail::priority::set_background(0, true).is_err() {
+                    return;
+                }
+                let Ok(child) =
+                    spawn_supervisor(&exe, &owner, &runner, &id, &socket, kind, disk.as_deref())
+                else {
+                    return;
+                };
+                // Back to the normal policy before the lock a create takes
+                // too (it must not wait on a thread at the background's
+                // pace); the thread ends here anyway.
+                let _ = airlock_jail::priority::set_background(0, false);
+                let spare = Spare { id, child };
+                let surplus = match lock(&spares).slot(kind) {
+                    slot @ None => {
+                        *slot = Some(spare);
+                        None
+                    }
+                    // Another refill was quicker.
+                    Some(_) => Some(spare),
+                };
+                if let Some(surplus) = surplus {
+                    ProcessBackend::discard(surplus);
+                }
+            });
+        // Without a thread there is no spare: the create that finds none
+        // starts its supervisor itself.
+        drop(started);
     }
 
     /// Stops a spare that will not be used (its stdin closes: it exits).
@@ -583,11 +595,11 @@ fn lock(spares: &Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
 }
 
 /// Starts `airlock supervise` for sandbox `id`; it prepares what `kind`
-/// says, then waits for its spec. A spare (`ahead`) prepares in the
-/// background (`SCHED_IDLE`, from before its exec), yielding to the creates
-/// running meanwhile; the spec puts it back under the normal policy before
-/// it launches anything.
-#[allow(clippy::too_many_arguments)]
+/// says, then waits for its spec. It runs under the calling thread's
+/// policy: a spare's is `SCHED_IDLE` (see `refill`), so it prepares
+/// yielding to the creates running meanwhile; the spec puts it back under
+/// the normal policy before it launches anything. Nothing runs between
+/// fork and exec, so std starts it vfork-style (posix_spawn).
 fn spawn_supervisor(
     exe: &Path,
     owner: &str,
@@ -596,18 +608,8 @@ fn spawn_supervisor(
     socket: &Path,
     kind: SpareKind,
     disk: Option<&Path>,
-    ahead: bool,
 ) -> Result<std::process::Child, CreateError> {
     let mut command = Command::new(exe);
-    if ahead {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: runs in the forked child before exec, where only
-        // async-signal-safe calls are allowed: `set_background` is one
-        // system call and touches no memory but its own stack.
-        unsafe {
-            command.pre_exec(|| airlock_jail::priority::set_background(0, true));
-        }
-    }
     if kind == SpareKind::Networked {
         command.arg("supervise").arg("--network");
     } else {
@@ -912,7 +914,6 @@ impl Backend for ProcessBackend {
                     &owned_socket,
                     SpareKind::Plain,
                     disk.as_deref(),
-                    false,
                 )
             };
             let launched = match spare {
