@@ -10,23 +10,30 @@
 //! is restarted after the restore), so it always sees the channel's events.
 //!
 //! [`through_threads`] therefore serves the host channel with two blocking
-//! threads. One reads it and writes what it read into a socket pair of the
-//! sandbox's own kernel (saved and restored whole with it), whose other end
-//! the session reads as it would the channel. The other takes the
-//! session's encoded frames from an in-memory queue and writes each to the
-//! channel whole: no second trip through the sandbox's kernel on the way
-//! out, where the bulk of the bytes go (command output, file reads, a
-//! forwarded port's answers; on gVisor every such trip is a copy in and
-//! out of its kernel, billed to the sandbox's CPU limit). End of stream
-//! goes through in both ways.
+//! threads, each handing bytes to the session through an in-memory queue
+//! (saved and restored with the agent's memory): one reads the channel
+//! into chunks the session reads as a stream ([`Inbox`]), the other takes
+//! the session's encoded frames and writes each to the channel whole.
+//! Neither way takes a second trip through the sandbox's kernel (on gVisor
+//! every such trip is a copy in and out of its kernel, billed to the
+//! sandbox's CPU limit): not on the way out, where the bulk of the bytes
+//! go (command output, file reads, a forwarded port's answers), nor on the
+//! way in (uploads, a forwarded port's requests). End of stream goes
+//! through in both ways.
 
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
 
 /// Bytes moved per read on the way in.
 const CHUNK: usize = 256 * 1024;
+/// Chunks read from the host that may wait for the session (at most
+/// `IN_CHUNKS * CHUNK` bytes held).
+const IN_CHUNKS: usize = 4;
 /// Encoded frames that may wait for the writing thread (each at most a
 /// frame's limit; the session's own queue holds the rest).
 const OUT_FRAMES: usize = 4;
@@ -36,7 +43,7 @@ const OUT_FRAMES: usize = 4;
 pub struct Threaded {
     /// What the host sent, in order; reads the end of the stream once the
     /// host's side ended.
-    pub(crate) input: UnixStream,
+    pub(crate) input: Inbox,
     /// Whole encoded frames for the host, written in order. Sending fails
     /// once the host is gone; dropping it ends the host's stream.
     pub(crate) output: mpsc::Sender<Vec<u8>>,
@@ -46,39 +53,78 @@ pub struct Threaded {
 /// threads of this process.
 pub fn through_threads(host: UnixStream) -> std::io::Result<Threaded> {
     host.set_nonblocking(false)?;
-    let (session_end, pumped_end) = UnixStream::pair()?;
     let host_in = host.try_clone()?;
+    let (chunks, received) = mpsc::channel(IN_CHUNKS);
     let (output, frames) = mpsc::channel(OUT_FRAMES);
     std::thread::Builder::new()
         .name("channel-in".into())
-        .spawn(move || pump(host_in, pumped_end))?;
+        .spawn(move || read_in(host_in, chunks))?;
     std::thread::Builder::new()
         .name("channel-out".into())
         .spawn(move || write_out(frames, host))?;
     Ok(Threaded {
-        input: session_end,
+        input: Inbox {
+            chunks: received,
+            current: Vec::new(),
+            at: 0,
+        },
         output,
     })
 }
 
-/// Copies `from` to `to` until `from` ends or either fails; then tells
-/// `to`'s reader there is no more.
-fn pump(mut from: UnixStream, mut to: UnixStream) {
+/// Queues what `host` sends, a read at a time, until it ends or fails
+/// (then the queue closes: the session reads the end of the stream) or the
+/// session stops reading (then the queue is gone).
+fn read_in(mut host: UnixStream, chunks: mpsc::Sender<Vec<u8>>) {
     let mut buffer = vec![0u8; CHUNK];
     loop {
-        let n = match from.read(&mut buffer) {
-            Ok(0) => break,
+        let n = match host.read(&mut buffer) {
+            Ok(0) => return,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+            Err(_) => return,
         };
-        if to.write_all(&buffer[..n]).is_err() {
+        if chunks.blocking_send(buffer[..n].to_vec()).is_err() {
             // Nobody reads on: the other way learns it from its own end.
-            let _ = from.shutdown(Shutdown::Read);
+            let _ = host.shutdown(Shutdown::Read);
             return;
         }
     }
-    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// The bytes of the host's channel as a stream, from the queue the
+/// reading thread fills.
+#[derive(Debug)]
+pub struct Inbox {
+    chunks: mpsc::Receiver<Vec<u8>>,
+    /// The chunk being read, from `at` on.
+    current: Vec<u8>,
+    at: usize,
+}
+
+impl AsyncRead for Inbox {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let inbox = self.get_mut();
+        while inbox.at == inbox.current.len() {
+            match inbox.chunks.poll_recv(cx) {
+                Poll::Ready(Some(chunk)) => {
+                    inbox.current = chunk;
+                    inbox.at = 0;
+                }
+                // The end of the stream: nothing filled.
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let n = buf.remaining().min(inbox.current.len() - inbox.at);
+        buf.put_slice(&inbox.current[inbox.at..inbox.at + n]);
+        inbox.at += n;
+        Poll::Ready(Ok(()))
+    }
 }
 
 /// Writes each queued frame to `host` whole, until the queue closes (then
@@ -104,10 +150,20 @@ mod tests {
             input: mut session,
             output,
         } = through_threads(agent_side).unwrap();
-        host.write_all(b"request").unwrap();
-        let mut got = [0u8; 7];
-        session.read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"request");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // Bytes come in in order, across chunks, however the reads fall.
+        let upload: Vec<u8> = (0..(1u32 << 20) + 13).map(|i| (i % 251) as u8).collect();
+        let sent = upload.clone();
+        let mut sender = host.try_clone().unwrap();
+        let writer = std::thread::spawn(move || sender.write_all(&sent).unwrap());
+        let mut got = vec![0u8; upload.len()];
+        runtime
+            .block_on(tokio::io::AsyncReadExt::read_exact(&mut session, &mut got))
+            .unwrap();
+        writer.join().unwrap();
+        assert!(got == upload, "the upload came in changed");
         // Frames go out whole and in order, however large.
         let big = vec![7u8; 3 << 20];
         output.blocking_send(big.clone()).unwrap();
@@ -119,7 +175,12 @@ mod tests {
         // The host goes away: the session reads the end of the stream.
         host.shutdown(Shutdown::Write).unwrap();
         let mut rest = Vec::new();
-        session.read_to_end(&mut rest).unwrap();
+        runtime
+            .block_on(tokio::io::AsyncReadExt::read_to_end(
+                &mut session,
+                &mut rest,
+            ))
+            .unwrap();
         assert!(rest.is_empty());
         // The session ends: the host reads the end of the stream.
         drop(output);

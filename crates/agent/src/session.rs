@@ -18,7 +18,7 @@ use airlock_protocol::{read_frame, Event, Frame, FrameError, Request, Versions};
 use std::collections::HashMap;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use tokio::io::BufReader;
+use tokio::io::{AsyncRead, BufReader};
 use tokio::net::unix::OwnedReadHalf;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
@@ -89,16 +89,12 @@ pub(crate) async fn run(config: AgentConfig, channel: Channel) -> Result<(), Age
     }
     ignore_sigpipe();
 
-    let (read_half, sink) = match channel {
+    let (read_half, sink): (Box<dyn AsyncRead + Send + Unpin>, Sink) = match channel {
         Channel::Socket(socket) => {
             let (read_half, write_half) = tokio_halves(socket)?;
-            (read_half, Sink::Socket(write_half))
+            (Box::new(read_half), Sink::Socket(write_half))
         }
-        Channel::Threaded(threaded) => {
-            // The pair's way back is not used: frames go to the thread.
-            let (read_half, _) = tokio_halves(threaded.input)?;
-            (read_half, Sink::Thread(threaded.output))
-        }
+        Channel::Threaded(threaded) => (Box::new(threaded.input), Sink::Thread(threaded.output)),
     };
     let sigchld = signal(SignalKind::child()).map_err(AgentError::Signals)?;
     let mut term_signals = if pid1 {
