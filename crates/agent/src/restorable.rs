@@ -12,7 +12,7 @@
 //! [`through_threads`] therefore serves the host channel with two blocking
 //! threads, each handing bytes to the session through an in-memory queue
 //! (saved and restored with the agent's memory): one reads the channel
-//! into chunks the session reads as a stream ([`Inbox`]), the other takes
+//! into chunks the session reads as a stream ([`ChunkReader`]), the other takes
 //! the session's encoded frames and writes each to the channel whole.
 //! Neither way takes a second trip through the sandbox's kernel (on gVisor
 //! every such trip is a copy in and out of its kernel, billed to the
@@ -21,12 +21,10 @@
 //! way in (uploads, a forwarded port's requests). End of stream goes
 //! through in both ways.
 
+use airlock_protocol::ChunkReader;
 use std::io::{Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
 
 /// Bytes moved per read on the way in.
@@ -43,7 +41,7 @@ const OUT_FRAMES: usize = 4;
 pub struct Threaded {
     /// What the host sent, in order; reads the end of the stream once the
     /// host's side ended.
-    pub(crate) input: Inbox,
+    pub(crate) input: ChunkReader,
     /// Whole encoded frames for the host, written in order. Sending fails
     /// once the host is gone; dropping it ends the host's stream.
     pub(crate) output: mpsc::Sender<Vec<u8>>,
@@ -63,11 +61,7 @@ pub fn through_threads(host: UnixStream) -> std::io::Result<Threaded> {
         .name("channel-out".into())
         .spawn(move || write_out(frames, host))?;
     Ok(Threaded {
-        input: Inbox {
-            chunks: received,
-            current: Vec::new(),
-            at: 0,
-        },
+        input: ChunkReader::new(received),
         output,
     })
 }
@@ -89,41 +83,6 @@ fn read_in(mut host: UnixStream, chunks: mpsc::Sender<Vec<u8>>) {
             let _ = host.shutdown(Shutdown::Read);
             return;
         }
-    }
-}
-
-/// The bytes of the host's channel as a stream, from the queue the
-/// reading thread fills.
-#[derive(Debug)]
-pub struct Inbox {
-    chunks: mpsc::Receiver<Vec<u8>>,
-    /// The chunk being read, from `at` on.
-    current: Vec<u8>,
-    at: usize,
-}
-
-impl AsyncRead for Inbox {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let inbox = self.get_mut();
-        while inbox.at == inbox.current.len() {
-            match inbox.chunks.poll_recv(cx) {
-                Poll::Ready(Some(chunk)) => {
-                    inbox.current = chunk;
-                    inbox.at = 0;
-                }
-                // The end of the stream: nothing filled.
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        let n = buf.remaining().min(inbox.current.len() - inbox.at);
-        buf.put_slice(&inbox.current[inbox.at..inbox.at + n]);
-        inbox.at += n;
-        Poll::Ready(Ok(()))
     }
 }
 

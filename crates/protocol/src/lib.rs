@@ -54,11 +54,13 @@
 //! from it, so every change is deliberate.
 #![forbid(unsafe_code)]
 
+mod chunks;
 mod client;
 mod codec;
 mod messages;
 pub mod tunnel;
 
+pub use chunks::ChunkReader;
 pub use client::{AgentClient, ClientError, Events};
 pub use codec::{
     encode, read_frame, read_frame_bytes, write_frame, FrameError, MAX_HEADER_BYTES,

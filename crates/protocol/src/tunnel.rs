@@ -18,7 +18,7 @@
 //! open inside while its memory is saved (gVisor's checkpoint fails on
 //! one), and none is left half-open across it.
 
-use crate::{AgentClient, ClientError, ErrorKind, Event, Request};
+use crate::{AgentClient, ChunkReader, ClientError, ErrorKind, Event, Request};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -163,10 +163,7 @@ impl Registry {
 /// connection; shutting down its writing is the socket's end of file.
 #[derive(Debug)]
 pub struct TunnelStream {
-    down: mpsc::Receiver<Vec<u8>>,
-    /// The chunk being read, and how much of it has been.
-    chunk: Vec<u8>,
-    read: usize,
+    down: ChunkReader,
     up: DuplexStream,
 }
 
@@ -176,24 +173,7 @@ impl AsyncRead for TunnelStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        loop {
-            if self.read < self.chunk.len() {
-                let n = (self.chunk.len() - self.read).min(buf.remaining());
-                let start = self.read;
-                buf.put_slice(&self.chunk[start..start + n]);
-                self.read += n;
-                return Poll::Ready(Ok(()));
-            }
-            match self.down.poll_recv(cx) {
-                Poll::Ready(Some(chunk)) => {
-                    self.chunk = chunk;
-                    self.read = 0;
-                }
-                // End of file.
-                Poll::Ready(None) => return Poll::Ready(Ok(())),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        Pin::new(&mut self.down).poll_read(cx, buf)
     }
 }
 
@@ -269,9 +249,7 @@ pub async fn open(
     let (to_caller, caller_down) = mpsc::channel(PIPE_BYTES / CHUNK_BYTES);
     let mut to_caller = Some(to_caller);
     let caller = TunnelStream {
-        down: caller_down,
-        chunk: Vec::new(),
-        read: 0,
+        down: ChunkReader::new(caller_down),
         up: caller_up,
     };
     let client = client.clone();

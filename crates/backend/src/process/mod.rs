@@ -256,6 +256,8 @@ impl ProcessBackend {
         let runner = self.runner.clone();
         let id = airlock_jail::launch::new_sandbox_id();
         let socket = self.socket_of(&id);
+        // Outside a runtime (a backend a synchronous test or tool built) no
+        // spare is started: nothing there would claim or stop it.
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
