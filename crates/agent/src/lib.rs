@@ -64,6 +64,7 @@
 
 mod failure;
 mod files;
+mod line_signals;
 mod outbox;
 mod privileges;
 pub use privileges::narrow_bounding_set;

@@ -35,7 +35,9 @@
 //! writer's descriptor until it completes or the process ends, at the
 //! latest at its timeout.) A terminal's input
 //! is never closed (as in e2b's envd): `^D` written to it ends the input of
-//! a program reading the terminal.
+//! a program reading the terminal. Where the kernel's terminals turn no
+//! `^C`, `^\` or `^Z` into a signal (gVisor's), the stdin task does
+//! ([`crate::line_signals`]).
 //!
 //! # Stdin
 //!
@@ -47,6 +49,7 @@
 //! writes instead of growing.
 
 use crate::failure::Failure;
+use crate::line_signals::{LineSignals, Piece};
 use crate::outbox::Outbox;
 use crate::privileges::ChildSetup;
 use crate::reaper::{Ended, Reaper};
@@ -549,14 +552,23 @@ impl Processes {
             }
         };
 
-        // A terminal's master is read as the output and written as stdin.
-        let (stdout, stdin, terminal) = match terminal {
-            Some(ends) => (
-                Some(ends.reader),
-                Some(ends.writer),
-                Terminal::Open(ends.control),
-            ),
-            None => (stdout, stdin, Terminal::Absent),
+        // A terminal's master is read as the output and written as stdin,
+        // its signal keys cut out where the kernel would ignore them.
+        let (stdout, stdin, terminal, signals) = match terminal {
+            Some(ends) => {
+                let signals = ends
+                    .control
+                    .try_clone()
+                    .ok()
+                    .map(|master| LineSignals::new(master, pid, Arc::clone(&self.reaper)));
+                (
+                    Some(ends.reader),
+                    Some(ends.writer),
+                    Terminal::Open(ends.control),
+                    signals,
+                )
+            }
+            None => (stdout, stdin, Terminal::Absent, None),
         };
         let on_terminal = matches!(terminal, Terminal::Open(_));
         let (exited_tx, exited_rx) = watch::channel(false);
@@ -568,6 +580,7 @@ impl Processes {
                     self.outbox.clone(),
                     pid,
                     pipe,
+                    signals,
                     rx,
                     Arc::clone(&queued),
                     exited_rx.clone(),
@@ -1073,6 +1086,7 @@ async fn feed_stdin(
     outbox: Outbox,
     pid: u32,
     pipe: pipe::Sender,
+    signals: Option<LineSignals>,
     mut rx: mpsc::UnboundedReceiver<StdinOp>,
     queued: Arc<AtomicUsize>,
     mut exited: watch::Receiver<bool>,
@@ -1087,15 +1101,31 @@ async fn feed_stdin(
         match op.data {
             Some(data) => {
                 let len = data.len();
-                let result = match pipe.as_mut() {
-                    Some(pipe) => tokio::select! {
-                        result = pipe.write_all(&data) => result,
-                        _ = exited.wait_for(|exited| *exited) => {
-                            Err(io::Error::from_raw_os_error(libc::EPIPE))
-                        }
-                    },
-                    None => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                let pieces = match &signals {
+                    Some(signals) => signals.plan(&data).await,
+                    None => vec![Piece::Bytes(0..len)],
                 };
+                let mut result = Ok(());
+                for piece in pieces {
+                    result = match (piece, pipe.as_mut()) {
+                        (Piece::Signal(signal), _) => {
+                            if let Some(signals) = &signals {
+                                signals.deliver(signal);
+                            }
+                            Ok(())
+                        }
+                        (Piece::Bytes(range), Some(pipe)) => tokio::select! {
+                            result = pipe.write_all(&data[range]) => result,
+                            _ = exited.wait_for(|exited| *exited) => {
+                                Err(io::Error::from_raw_os_error(libc::EPIPE))
+                            }
+                        },
+                        (Piece::Bytes(_), None) => Err(io::Error::from_raw_os_error(libc::EPIPE)),
+                    };
+                    if result.is_err() {
+                        break;
+                    }
+                }
                 queued.fetch_sub(len, Ordering::SeqCst);
                 let answer = result.map(|()| Event::Done).map_err(|error| {
                     Failure::new(
