@@ -236,22 +236,10 @@ pub(crate) async fn kernel_sends(reaper: &Arc<Reaper>) -> bool {
 /// SIGINT pending in the session leading it, `Some(false)` when it did
 /// not, `None` when the child gave no answer in time.
 fn probe(reaper: &Reaper) -> io::Result<Option<bool>> {
-    use rustix::pty::OpenptFlags;
-    let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
-    let master = rustix::pty::openpt(flags)?;
-    rustix::pty::grantpt(&master)?;
-    rustix::pty::unlockpt(&master)?;
-    let slave = match rustix::pty::ioctl_tiocgptpeer(&master, flags) {
-        Ok(slave) => slave,
-        Err(_) => {
-            let path = rustix::pty::ptsname(&master, Vec::new())?;
-            rustix::fs::open(
-                path.as_c_str(),
-                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NOCTTY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )?
-        }
-    };
+    // The same kind of terminal a process is started on (its master
+    // non-blocking: the few bytes typed into it fit at once).
+    let (master, slave) =
+        crate::process::open_terminal(airlock_protocol::PtySize { cols: 80, rows: 24 }, None)?;
     let (answer_read, answer_write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let (slave_fd, answer_fd) = (slave.as_raw_fd(), answer_write.as_raw_fd());
     let (pid, mut ended) = {

@@ -199,7 +199,7 @@ impl Stream {
 
 /// Opens a new terminal of `size`: its master (non-blocking, for the
 /// runtime) and its slave (for the child), both close-on-exec.
-fn open_terminal(size: PtySize, owner: Option<u32>) -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn open_terminal(size: PtySize, owner: Option<u32>) -> io::Result<(OwnedFd, OwnedFd)> {
     use rustix::pty::OpenptFlags;
     let flags = OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC;
     let master = rustix::pty::openpt(flags)?;
