@@ -298,6 +298,9 @@ fn private_dir(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot make {} private", dir.display()))
 }
 
+/// How long a starting daemon waits for the data directory's lock.
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Takes the data directory's lock, or says who holds it.
 fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
     let path = dir.join("daemon.lock");
@@ -308,11 +311,18 @@ fn lock_data_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
         .mode(0o600)
         .open(&path)
         .with_context(|| format!("cannot open {}", path.display()))?;
-    if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        bail!(
-            "another airlock daemon is using {}; stop it first",
-            dir.display()
-        );
+    // A daemon killed a moment ago may still have a child between fork and
+    // exec holding a copy of its descriptor (the lock goes at that exec), so
+    // a restart waits a little before it calls the directory taken.
+    let deadline = std::time::Instant::now() + LOCK_GRACE;
+    while rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "another airlock daemon is using {}; stop it first",
+                dir.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     Ok(file)
 }

@@ -461,3 +461,22 @@ fn unrecorded_supervisors_and_leftovers_are_removed_when_a_daemon_starts() {
     delete(&daemon, &id);
     assert_sandbox_gone(&id);
 }
+
+#[test]
+fn a_second_daemon_on_a_live_ones_data_directory_is_refused_and_the_first_serves_on() {
+    let daemon = TestDaemon::start(&[]);
+    let output = Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(daemon.data_dir())
+        .env("AIRLOCK_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("another airlock daemon is using"),
+        "{stderr}"
+    );
+    assert_eq!(daemon.call("GET", "/v1/sandboxes", None).status, 200);
+}
