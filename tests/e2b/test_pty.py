@@ -92,6 +92,43 @@ def test_pty_cwd_envs_user_and_exit_code(sandbox):
     assert term.error.exit_code == 5
 
 
+def test_pty_ctrl_c_ctrl_backslash_and_ctrl_z_signal_the_foreground_command(sandbox):
+    term = Terminal(sandbox, PtySize(rows=24, cols=80), timeout=120)
+    term.type("echo ready\n")
+    term.wait_for("ready\r\n")
+    # ^C: SIGINT ends the command, not the shell (bash exits 128+2).
+    term.type("sleep 60\n")
+    time.sleep(1)
+    term.type("\x03")
+    term.type("echo after-int-$?\n")
+    term.wait_for("after-int-130", seconds=20)
+    # ^\\: SIGQUIT (128+3).
+    term.type("sleep 60\n")
+    time.sleep(1)
+    term.type("\x1c")
+    term.type("echo after-quit-$?\n")
+    term.wait_for("after-quit-131", seconds=20)
+    # ^Z stops it (128+20); the shell's job control still has it.
+    term.type("sleep 60\n")
+    time.sleep(1)
+    term.type("\x1a")
+    term.type("echo after-stop-$?; kill -9 %1; wait; echo jobs-done\n")
+    term.wait_for("after-stop-148", seconds=20)
+    term.wait_for("jobs-done", seconds=20)
+    # A ^C with no foreground command leaves the shell alive.
+    term.type("\x03")
+    term.type("echo still-$((6*7))\n")
+    term.wait_for("still-42", seconds=20)
+    # A program that turned ISIG off reads ^C as a byte.
+    term.type("stty -isig -icanon min 1; head -c 1 | od -An -tx1; stty sane\n")
+    time.sleep(1)
+    term.type("\x03")
+    term.wait_for(" 03", seconds=20)
+    term.type("exit\n")
+    term.join()
+    assert term.error is None, repr(term.error)
+
+
 def test_pty_kill(sandbox):
     term = Terminal(sandbox, PtySize(rows=24, cols=80))
     term.type("echo ready\n")
